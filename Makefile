@@ -1,0 +1,49 @@
+# Phalanx developer entry points. Everything installs itself into .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CORE := src/phalanx/quotas src/phalanx/placement src/phalanx/admission src/phalanx/api
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint typecheck contracts unit integration crds venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make test: lint, strict types on the core, layering contracts, then every test
+## (unit tests without a cluster; integration tests on the local control plane).
+test: $(STAMP) lint typecheck contracts
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict $(CORE)
+
+contracts: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q -m integration
+
+## make crds: regenerate crds/ from the API models.
+crds: $(STAMP)
+	$(BIN)/phalanx crds --output crds
+
+## make demo: build/start the local control plane and run Phalanx on it.
+demo: $(STAMP)
+	$(BIN)/phalanx demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

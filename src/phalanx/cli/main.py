@@ -1,0 +1,39 @@
+"""The ``phalanx`` command: one subcommand per module of ``phalanx.cli``.
+
+Each subcommand module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` to a callable taking the parsed namespace and returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from phalanx import __version__
+from phalanx.cli import crds_cmd
+
+# Subcommand modules, in the order `phalanx --help` lists them.
+_COMMANDS = (crds_cmd,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phalanx",
+        description="Kueue-compatible gang admission and topology-aware placement.",
+    )
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _COMMANDS:
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
