@@ -1,0 +1,282 @@
+"""batch/v1 Job integration, as pure functions over API dicts.
+
+A Job labelled ``kueue.x-k8s.io/queue-name`` is suspended at creation (mutating webhook) and
+represented by a Workload that the scheduler admits. These functions build that Workload, and
+the patches that start a Job on admission and stop it on eviction. They do no I/O, so the
+rules are unit-tested without a cluster; ``phalanx.operator.jobsync`` applies them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "JOB_MIN_PARALLELISM_ANNOTATION",
+    "JOB_UID_LABEL",
+    "PRIORITY_CLASS_LABEL",
+    "QUEUE_LABEL",
+    "TOPOLOGY_GATE",
+    "WORKLOAD_ANNOTATION",
+    "FlavorInjection",
+    "JobFinish",
+    "PriorityResolution",
+    "admission_patch",
+    "job_finish",
+    "queue_name",
+    "resolve_priority",
+    "restore_patch",
+    "workload_for_job",
+    "workload_name",
+]
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+JOB_MIN_PARALLELISM_ANNOTATION = "kueue.x-k8s.io/job-min-parallelism"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+KUEUE_GROUP = "kueue.x-k8s.io"
+MAIN_POD_SET = "main"
+
+_TOPOLOGY_ANNOTATIONS = {
+    "kueue.x-k8s.io/podset-required-topology": "required",
+    "kueue.x-k8s.io/podset-preferred-topology": "preferred",
+    "kueue.x-k8s.io/podset-slice-required-topology": "podSetSliceRequiredTopology",
+}
+_UNCONSTRAINED_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
+_SLICE_SIZE_ANNOTATION = "kueue.x-k8s.io/podset-slice-size"
+_HASH_LENGTH = 5
+_MAX_NAME = 253
+
+
+def workload_name(job_name: str, job_uid: str) -> str:
+    """Kueue's name for the Workload of a Job, so tools that look it up by name find it."""
+    digest = hashlib.sha1(
+        b"\n".join([b"Job", b"batch", job_name.encode(), job_uid.encode()])
+    ).hexdigest()
+    prefix = f"job-{job_name}"[: _MAX_NAME - 1 - _HASH_LENGTH]
+    return f"{prefix}-{digest[:_HASH_LENGTH]}"
+
+
+def queue_name(job: Mapping[str, Any]) -> str | None:
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    value = labels.get(QUEUE_LABEL)
+    return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class PriorityResolution:
+    value: int
+    ref: dict[str, str] | None
+
+
+def resolve_priority(
+    job: Mapping[str, Any],
+    *,
+    workload_priority_classes: Mapping[str, int],
+    priority_classes: Mapping[str, int],
+    default_priority: int = 0,
+) -> PriorityResolution:
+    """The Job's WorkloadPriorityClass label wins over its pods' PriorityClass, as in Kueue.
+
+    A named class that does not exist leaves the priority at the default; the Workload still
+    queues (Kueue instead rejects the Job), which keeps a typo from losing work.
+    """
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    wpc = labels.get(PRIORITY_CLASS_LABEL)
+    if wpc and wpc in workload_priority_classes:
+        return PriorityResolution(
+            value=workload_priority_classes[wpc],
+            ref={"group": KUEUE_GROUP, "kind": "WorkloadPriorityClass", "name": wpc},
+        )
+    pod_spec = (((job.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    pc = pod_spec.get("priorityClassName")
+    if pc and pc in priority_classes:
+        return PriorityResolution(
+            value=priority_classes[pc],
+            ref={"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": pc},
+        )
+    return PriorityResolution(value=default_priority, ref=None)
+
+
+def _pod_count(spec: Mapping[str, Any]) -> int:
+    parallelism = spec.get("parallelism")
+    count = 1 if parallelism is None else int(parallelism)
+    completions = spec.get("completions")
+    if completions is not None:
+        count = min(count, int(completions))
+    return count
+
+
+def _topology_request(annotations: Mapping[str, str]) -> dict[str, Any] | None:
+    request: dict[str, Any] = {}
+    for annotation, field_name in _TOPOLOGY_ANNOTATIONS.items():
+        if annotations.get(annotation):
+            request[field_name] = annotations[annotation]
+    if str(annotations.get(_UNCONSTRAINED_ANNOTATION, "")).lower() == "true":
+        request["unconstrained"] = True
+    if annotations.get(_SLICE_SIZE_ANNOTATION):
+        request["podSetSliceSize"] = int(annotations[_SLICE_SIZE_ANNOTATION])
+    if request:
+        request["podIndexLabel"] = "batch.kubernetes.io/job-completion-index"
+    return request or None
+
+
+def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) -> dict[str, Any]:
+    """The Workload manifest for a queued Job: one pod set ``main`` from the pod template."""
+    metadata = job["metadata"]
+    spec = job.get("spec") or {}
+    template = copy.deepcopy(spec.get("template") or {})
+    pod_set: dict[str, Any] = {
+        "name": MAIN_POD_SET,
+        "count": _pod_count(spec),
+        "template": template,
+    }
+    annotations = metadata.get("annotations") or {}
+    min_parallelism = annotations.get(JOB_MIN_PARALLELISM_ANNOTATION)
+    if min_parallelism:
+        pod_set["minCount"] = int(min_parallelism)
+    topology = _topology_request((template.get("metadata") or {}).get("annotations") or {})
+    if topology:
+        pod_set["topologyRequest"] = topology
+    workload_spec: dict[str, Any] = {
+        "queueName": queue_name(job) or "",
+        "podSets": [pod_set],
+        "priority": priority.value,
+        "active": True,
+    }
+    if priority.ref is not None:
+        workload_spec["priorityClassRef"] = priority.ref
+    return {
+        "apiVersion": f"{KUEUE_GROUP}/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(metadata["name"], metadata["uid"]),
+            "namespace": metadata["namespace"],
+            "labels": {JOB_UID_LABEL: metadata["uid"]},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": metadata["name"],
+                    "uid": metadata["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": workload_spec,
+    }
+
+
+@dataclass(frozen=True)
+class FlavorInjection:
+    """What admission adds to a pod set's template (from the assigned flavors)."""
+
+    pod_set: str
+    count: int
+    node_labels: Mapping[str, str]
+    tolerations: Sequence[Mapping[str, Any]]
+    topology_gated: bool
+
+
+def admission_patch(
+    job: Mapping[str, Any],
+    *,
+    workload_name_: str,
+    injection: FlavorInjection,
+) -> list[dict[str, Any]]:
+    """A JSON patch that injects the flavor into the suspended Job's template and starts it.
+
+    JSON patch (not merge) because the result must be exact: the original template plus the
+    flavor, so that :func:`restore_patch` can bring back exactly the original.
+    """
+    spec = job.get("spec") or {}
+    template = spec.get("template") or {}
+    pod_spec = template.get("spec") or {}
+    tmeta = template.get("metadata") or {}
+    node_selector = {**(pod_spec.get("nodeSelector") or {}), **injection.node_labels}
+    tolerations = list(pod_spec.get("tolerations") or [])
+    for toleration in injection.tolerations:
+        if toleration not in tolerations:
+            tolerations.append(dict(toleration))
+    labels = {**(tmeta.get("labels") or {}), PODSET_LABEL: injection.pod_set}
+    annotations = {**(tmeta.get("annotations") or {}), WORKLOAD_ANNOTATION: workload_name_}
+    gates = [g for g in pod_spec.get("schedulingGates") or [] if g.get("name") != TOPOLOGY_GATE]
+    if injection.topology_gated:
+        gates.append({"name": TOPOLOGY_GATE})
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "add",
+            "path": "/spec/template/metadata",
+            "value": {**tmeta, "labels": labels, "annotations": annotations},
+        },
+        {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": node_selector},
+        {"op": "add", "path": "/spec/template/spec/tolerations", "value": tolerations},
+        {"op": "add", "path": "/spec/template/spec/schedulingGates", "value": gates},
+    ]
+    if injection.count != _pod_count(spec):
+        # Partial admission: run as many pods as were admitted.
+        ops.append({"op": "add", "path": "/spec/parallelism", "value": injection.count})
+    ops.append({"op": "add", "path": "/spec/suspend", "value": False})
+    return ops
+
+
+def restore_patch(
+    job: Mapping[str, Any],
+    *,
+    original_template: Mapping[str, Any],
+    original_parallelism: int | None,
+) -> list[dict[str, Any]]:
+    """Suspend the Job and put back the template the Workload recorded before admission."""
+    tmeta = original_template.get("metadata") or {}
+    pod_spec = original_template.get("spec") or {}
+    ops: list[dict[str, Any]] = [
+        {"op": "add", "path": "/spec/suspend", "value": True},
+        {"op": "add", "path": "/spec/template/metadata", "value": copy.deepcopy(dict(tmeta))},
+        {
+            "op": "add",
+            "path": "/spec/template/spec/nodeSelector",
+            "value": dict(pod_spec.get("nodeSelector") or {}),
+        },
+        {
+            "op": "add",
+            "path": "/spec/template/spec/tolerations",
+            "value": list(pod_spec.get("tolerations") or []),
+        },
+        {
+            "op": "add",
+            "path": "/spec/template/spec/schedulingGates",
+            "value": list(pod_spec.get("schedulingGates") or []),
+        },
+    ]
+    spec = job.get("spec") or {}
+    if original_parallelism is not None and spec.get("parallelism") != original_parallelism:
+        ops.append({"op": "add", "path": "/spec/parallelism", "value": original_parallelism})
+    return ops
+
+
+@dataclass(frozen=True)
+class JobFinish:
+    succeeded: bool
+    reason: str
+    message: str
+
+
+def job_finish(job: Mapping[str, Any]) -> JobFinish | None:
+    """The Job's terminal condition (Complete or Failed), if it has one."""
+    for condition in (job.get("status") or {}).get("conditions") or ():
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return JobFinish(
+                True, "Succeeded", condition.get("message") or "Job finished successfully"
+            )
+        if condition.get("type") == "Failed":
+            return JobFinish(False, "Failed", condition.get("message") or "Job failed")
+    return None

@@ -1,0 +1,180 @@
+"""Job -> Workload, and the patches that start and stop a Job."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+
+from phalanx.operator import jobs
+
+
+def make_job(
+    name: str = "train",
+    *,
+    parallelism: int | None = 4,
+    completions: int | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    pod_annotations: dict[str, str] | None = None,
+    priority_class: str | None = None,
+) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {
+        "containers": [
+            {"name": "c", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "8"}}}
+        ],
+        "restartPolicy": "Never",
+    }
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
+    spec: dict[str, Any] = {
+        "template": {"metadata": {"annotations": pod_annotations or {}}, "spec": pod_spec},
+        "suspend": True,
+    }
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    if completions is not None:
+        spec["completions"] = completions
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": "1234-abcd",
+            "labels": {jobs.QUEUE_LABEL: "lq", **(labels or {})},
+            "annotations": annotations or {},
+        },
+        "spec": spec,
+    }
+
+
+def apply_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """Applies the JSON patch subset the operator emits ("add" on object members)."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        assert op["op"] == "add"
+        *parents, leaf = op["path"].strip("/").split("/")
+        target = out
+        for part in parents:
+            target = target[part]
+        target[leaf] = copy.deepcopy(op["value"])
+    return out
+
+
+def test_workload_name_is_kueues_shape_and_depends_on_the_uid() -> None:
+    name = jobs.workload_name("train", "1234-abcd")
+    assert re.fullmatch(r"job-train-[0-9a-f]{5}", name)
+    assert name == jobs.workload_name("train", "1234-abcd")
+    assert name != jobs.workload_name("train", "other-uid")
+    long_name = jobs.workload_name("x" * 300, "u")
+    assert len(long_name) == 253
+
+
+def test_workload_for_job_copies_the_template_and_counts() -> None:
+    job = make_job(parallelism=4, annotations={jobs.JOB_MIN_PARALLELISM_ANNOTATION: "2"})
+    wl = jobs.workload_for_job(job, priority=jobs.PriorityResolution(value=0, ref=None))
+    assert wl["metadata"]["name"] == jobs.workload_name("train", "1234-abcd")
+    assert wl["metadata"]["namespace"] == "team-a"
+    owner = wl["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "Job" and owner["uid"] == "1234-abcd" and owner["controller"]
+    assert wl["metadata"]["labels"][jobs.JOB_UID_LABEL] == "1234-abcd"
+    (pod_set,) = wl["spec"]["podSets"]
+    assert pod_set["name"] == "main"
+    assert pod_set["count"] == 4
+    assert pod_set["minCount"] == 2
+    assert pod_set["template"] == job["spec"]["template"]
+    assert pod_set["template"] is not job["spec"]["template"]
+    assert wl["spec"]["queueName"] == "lq"
+    assert "priorityClassRef" not in wl["spec"]
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "completions", "count"), [(None, None, 1), (4, 2, 2), (4, 10, 4), (3, None, 3)]
+)
+def test_pod_count_is_parallelism_capped_by_completions(
+    parallelism: int | None, completions: int | None, count: int
+) -> None:
+    job = make_job(parallelism=parallelism, completions=completions)
+    wl = jobs.workload_for_job(job, priority=jobs.PriorityResolution(value=0, ref=None))
+    assert wl["spec"]["podSets"][0]["count"] == count
+
+
+def test_topology_annotations_become_a_topology_request() -> None:
+    job = make_job(
+        pod_annotations={
+            "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"
+        }
+    )
+    wl = jobs.workload_for_job(job, priority=jobs.PriorityResolution(value=0, ref=None))
+    request = wl["spec"]["podSets"][0]["topologyRequest"]
+    assert request["required"] == "cloud.provider.com/topology-rack"
+
+
+def test_workload_priority_class_label_wins_over_pod_priority_class() -> None:
+    job = make_job(labels={jobs.PRIORITY_CLASS_LABEL: "high"}, priority_class="low-pc")
+    got = jobs.resolve_priority(
+        job, workload_priority_classes={"high": 1000}, priority_classes={"low-pc": 5}
+    )
+    assert got.value == 1000
+    assert got.ref == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "high"}
+
+
+def test_pod_priority_class_is_used_without_a_workload_priority_class() -> None:
+    job = make_job(priority_class="low-pc")
+    got = jobs.resolve_priority(job, workload_priority_classes={}, priority_classes={"low-pc": 5})
+    assert got.value == 5
+    assert got.ref is not None and got.ref["kind"] == "PriorityClass"
+
+
+def test_unknown_priority_classes_fall_back_to_the_default() -> None:
+    job = make_job(labels={jobs.PRIORITY_CLASS_LABEL: "nope"}, priority_class="nope-pc")
+    got = jobs.resolve_priority(job, workload_priority_classes={}, priority_classes={})
+    assert got == jobs.PriorityResolution(value=0, ref=None)
+
+
+def test_admission_then_restore_round_trips_the_template() -> None:
+    job = make_job(parallelism=4)
+    job["spec"]["template"]["spec"]["nodeSelector"] = {"own": "sel"}
+    injection = jobs.FlavorInjection(
+        pod_set="main",
+        count=2,
+        node_labels={"gpu": "h100"},
+        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        topology_gated=True,
+    )
+    started = apply_patch(
+        job, jobs.admission_patch(job, workload_name_="wl-1", injection=injection)
+    )
+    spec = started["spec"]
+    assert spec["suspend"] is False
+    assert spec["parallelism"] == 2
+    pod_spec = spec["template"]["spec"]
+    assert pod_spec["nodeSelector"] == {"own": "sel", "gpu": "h100"}
+    assert pod_spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod_spec["schedulingGates"] == [{"name": jobs.TOPOLOGY_GATE}]
+    assert spec["template"]["metadata"]["annotations"][jobs.WORKLOAD_ANNOTATION] == "wl-1"
+
+    original = job["spec"]["template"]
+    stopped = apply_patch(
+        started,
+        jobs.restore_patch(started, original_template=original, original_parallelism=4),
+    )
+    assert stopped["spec"]["suspend"] is True
+    assert stopped["spec"]["parallelism"] == 4
+    restored = stopped["spec"]["template"]
+    assert restored["spec"]["nodeSelector"] == {"own": "sel"}
+    assert restored["spec"]["tolerations"] == []
+    assert restored["spec"]["schedulingGates"] == []
+    assert restored["metadata"] == original["metadata"]
+
+
+def test_job_finish_reads_complete_and_failed_conditions() -> None:
+    job = make_job()
+    assert jobs.job_finish(job) is None
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert jobs.job_finish(job) == jobs.JobFinish(True, "Succeeded", "Job finished successfully")
+    job["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "x"}]}
+    assert jobs.job_finish(job) == jobs.JobFinish(False, "Failed", "x")
