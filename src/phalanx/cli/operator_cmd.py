@@ -1,0 +1,102 @@
+"""``phalanx operator``: run the operator against a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "operator",
+        help="run the Phalanx operator against a cluster",
+        description=(
+            "Run the operator: queue and admit Jobs and Workloads against ClusterQueue quotas, "
+            "place gangs by topology, serve the webhooks and Prometheus metrics. Credentials "
+            "come from --kubeconfig, $KUBECONFIG, the in-cluster service account or "
+            "~/.kube/config, in that order."
+        ),
+    )
+    parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--context", help="kubeconfig context (default: current-context)")
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        dest="namespaces",
+        metavar="NS",
+        help="manage Jobs/Workloads only in this namespace (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=8080, help="Prometheus port; 0 disables (8080)"
+    )
+    parser.add_argument("--liveness-port", type=int, default=0, help="kopf /healthz port (off)")
+    parser.add_argument(
+        "--webhook-port", type=int, default=9443, help="port of the webhook server (9443)"
+    )
+    parser.add_argument(
+        "--webhook-listen", default="127.0.0.1", help="address the webhook server binds"
+    )
+    parser.add_argument(
+        "--webhook-url",
+        help="URL the API server uses to call the webhooks (default: https://LISTEN:PORT)",
+    )
+    parser.add_argument(
+        "--webhook-service",
+        metavar="NAMESPACE/NAME",
+        help="advertise the webhooks through this Service (in-cluster deployments)",
+    )
+    parser.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        help="folder with ca.crt, tls.crt, tls.key (made there if absent; "
+        "default ~/.cache/phalanx/webhook)",
+    )
+    parser.add_argument(
+        "--no-webhooks", action="store_true", help="serve no webhooks (Jobs are not suspended)"
+    )
+    parser.add_argument(
+        "--wait-for-pods-ready",
+        type=float,
+        metavar="SECONDS",
+        default=0,
+        help="evict and requeue admitted workloads whose pods are not ready in time (off)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: kopf is heavy, and other subcommands should not pay for it.
+    from phalanx.operator.app import run as run_operator
+    from phalanx.operator.config import OperatorConfig, WaitForPodsReady, WebhookConfig
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    webhook = WebhookConfig(
+        enabled=not args.no_webhooks,
+        listen_addr=args.webhook_listen,
+        port=args.webhook_port,
+        url=args.webhook_url,
+        service=args.webhook_service,
+        **({"cert_dir": args.webhook_cert_dir} if args.webhook_cert_dir else {}),
+    )
+    config = OperatorConfig(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        namespaces=tuple(args.namespaces),
+        metrics_port=args.metrics_port or None,
+        liveness_port=args.liveness_port or None,
+        webhook=webhook,
+        wait_for_pods_ready=WaitForPodsReady(
+            enabled=args.wait_for_pods_ready > 0,
+            timeout_seconds=args.wait_for_pods_ready or 300.0,
+        ),
+    )
+    return run_operator(config)

@@ -1,0 +1,157 @@
+"""The kopf application: registry, settings and the embedded run.
+
+kopf runs the process (startup/shutdown, webhooks, probes, logging) and ingests the
+low-volume admin kinds through ``on.event`` handlers, which need neither finalizers nor the
+diff-base annotation, so Phalanx writes nothing onto those objects. The high-volume kinds
+bypass kopf through :mod:`phalanx.operator.informer`, started in ``on.startup``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import threading
+from typing import Any
+
+import kopf
+
+from phalanx.operator.config import OperatorConfig
+from phalanx.operator.runtime import PhalanxOperator
+from phalanx.operator.webhooks import register_webhooks, webhook_server
+
+__all__ = ["ADMIN_KINDS", "build_registry", "build_settings", "run"]
+
+logger = logging.getLogger(__name__)
+
+# (group, version, plural, state kind) fed by kopf on.event handlers.
+ADMIN_KINDS = (
+    ("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue"),
+    ("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue"),
+    ("kueue.x-k8s.io", "v1beta2", "cohorts", "Cohort"),
+    ("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor"),
+    ("kueue.x-k8s.io", "v1beta2", "topologies", "Topology"),
+    ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass"),
+    ("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass"),
+    ("", "v1", "namespaces", "Namespace"),
+)
+
+
+def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Per-object log lines and k8s Events from kopf cost CPU and API writes at scale; the
+    # operator logs its own decisions. Warnings still become Events.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.error_backoffs = (1, 2, 5, 10, 20)
+    settings.execution.max_workers = 4
+    # on.event handlers keep no progress or diff-base; these are belt and braces so that
+    # nothing kopf-specific is ever written onto users' objects.
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="phalanx.kueue.x-k8s.io", key="last-handled"
+    )
+    if config.webhook.enabled:
+        settings.admission.server = webhook_server(config.webhook)
+        settings.admission.managed = config.webhook.configuration_name
+    return settings
+
+
+def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf and Phalanx's own client must use the same credentials: resolve them once.
+        auth = op.auth
+        return kopf.ConnectionInfo(
+            server=auth.server,
+            ca_data=auth.ca_data,
+            insecure=auth.insecure_skip_tls_verify,
+            certificate_data=auth.client_cert_data,
+            private_key_data=auth.client_key_data,
+            scheme="Bearer" if auth.bearer_token() else None,
+            token=auth.bearer_token(),
+            default_namespace=auth.default_namespace,
+        )
+
+    @kopf.on.startup(registry=registry)
+    async def startup(**_: Any) -> None:
+        await op.startup()
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await op.cleanup()
+
+    @kopf.on.probe(id="informers_synced", registry=registry)
+    def informers_synced(**_: Any) -> bool:
+        return op.synced
+
+    for group, version, plural, kind in ADMIN_KINDS:
+        _register_admin_kind(registry, op, group=group, version=version, plural=plural, kind=kind)
+
+    if op.config.webhook.enabled:
+        register_webhooks(registry, validator=op.validate_object)
+    return registry
+
+
+def _register_admin_kind(
+    registry: kopf.OperatorRegistry,
+    op: PhalanxOperator,
+    *,
+    group: str,
+    version: str,
+    plural: str,
+    kind: str,
+) -> None:
+    async def on_event(event: kopf.RawEvent, **_: Any) -> None:
+        op.state.apply(kind, event.get("type"), dict(event["object"]))
+
+    kopf.on.event(group, version, plural, id=f"ingest-{plural}", registry=registry)(on_event)
+
+
+def run(config: OperatorConfig) -> int:
+    """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
+    # A burst holds tens of thousands of objects; the cyclic collector's default thresholds
+    # rescan them thousands of times per minute.
+    gc.set_threshold(50_000, 50, 100)
+    _quiet_kopf()
+    op = PhalanxOperator(config)
+    registry = build_registry(op)
+    settings = build_settings(config)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        logger.info("event=stop_requested signal=%s", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request_stop)
+    liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
+    try:
+        asyncio.run(
+            kopf.operator(
+                registry=registry,
+                settings=settings,
+                standalone=True,
+                clusterwide=not config.namespaces,
+                namespaces=list(config.namespaces),
+                liveness_endpoint=liveness,
+                stop_flag=stop,
+            )
+        )
+    except kopf.PermanentError as error:
+        logger.error("event=operator_failed error=%r", error)
+        return 1
+    return 0
+
+
+def _quiet_kopf() -> None:
+    """kopf logs a line per handled object at INFO; keep its warnings, drop the chatter."""
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("kopf._core.reactor.observation").setLevel(logging.WARNING)
+    logging.getLogger("kopf._core.engines.peering").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

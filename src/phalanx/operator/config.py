@@ -1,0 +1,61 @@
+"""The operator's configuration: what ``phalanx operator`` flags and the manifests set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["OperatorConfig", "WaitForPodsReady", "WebhookConfig"]
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """Where the webhook server listens and how the API server reaches it.
+
+    Default (local control plane): listen on 127.0.0.1 and let the API server call
+    ``https://127.0.0.1:<port>``, with a CA made and kept in ``cert_dir``. In a cluster
+    (manifests/), ``service`` names the Service in front of the pods and ``cert_dir`` holds the
+    mounted certificate Secret.
+    """
+
+    enabled: bool = True
+    listen_addr: str = "127.0.0.1"
+    port: int = 9443
+    url: str | None = None
+    """Override of the URL the API server calls, e.g. ``https://127.0.0.1:9443``."""
+    service: str | None = None
+    """``namespace/name`` of a Service fronting the webhook (in-cluster deployments)."""
+    cert_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "phalanx" / "webhook")
+    configuration_name: str = "phalanx.kueue.x-k8s.io"
+
+
+@dataclass(frozen=True)
+class WaitForPodsReady:
+    """Kueue's ``waitForPodsReady``: evict and requeue a workload whose pods are not all ready
+    within ``timeout_seconds`` of admission, with exponential requeue backoff."""
+
+    enabled: bool = False
+    timeout_seconds: float = 300.0
+    backoff_base_seconds: float = 60.0
+    backoff_max_seconds: float = 3600.0
+    backoff_limit_count: int | None = None
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    kubeconfig: Path | None = None
+    context: str | None = None
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose Jobs/Workloads are managed; empty means cluster-wide."""
+    metrics_port: int | None = 8080
+    metrics_addr: str = "0.0.0.0"
+    liveness_port: int | None = None
+    webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    wait_for_pods_ready: WaitForPodsReady = field(default_factory=WaitForPodsReady)
+    manage_jobs: bool = True
+    status_flush_seconds: float = 1.0
+    """ClusterQueue/LocalQueue status is written at most this often per queue."""
+    pending_message_min_interval: float = 5.0
+    """A pending Workload's explanation is rewritten at most this often (and only on change)."""
+    cycle_min_interval: float = 0.05
+    """Coalescing window: events arriving within it share one scheduling cycle."""

@@ -1,0 +1,132 @@
+"""Admission webhooks: suspend queued Jobs at creation; validate the Kueue kinds.
+
+Served by kopf's webhook server over TLS. kopf also keeps the Mutating- and
+ValidatingWebhookConfiguration (``settings.admission.managed``) pointing at this process. The
+webhooks are stateless, so every replica can serve them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import kopf
+
+from phalanx.operator import jobs
+from phalanx.operator.certs import ensure_webhook_certs
+from phalanx.operator.config import WebhookConfig
+
+__all__ = ["KUEUE_KINDS", "PhalanxWebhookServer", "register_webhooks", "webhook_server"]
+
+logger = logging.getLogger(__name__)
+
+# (plural, kind) of every Kueue kind Phalanx serves; validated by the webhook.
+KUEUE_KINDS = (
+    ("clusterqueues", "ClusterQueue"),
+    ("localqueues", "LocalQueue"),
+    ("cohorts", "Cohort"),
+    ("resourceflavors", "ResourceFlavor"),
+    ("topologies", "Topology"),
+    ("workloadpriorityclasses", "WorkloadPriorityClass"),
+    ("workloads", "Workload"),
+)
+
+Validator = Callable[[dict[str, Any]], list[str]]
+"""Returns one message per problem, each naming its field path; empty when valid."""
+
+
+class PhalanxWebhookServer(kopf.WebhookServer):
+    """kopf's HTTPS server, whose advertised client config can be a fixed URL or a Service."""
+
+    def __init__(
+        self,
+        *,
+        advertised_url: str | None = None,
+        service: tuple[str, str, int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.advertised_url = advertised_url
+        self.service = service
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        async for config in super().__call__(fn):
+            advertised = kopf.WebhookClientConfig(**config)
+            if self.service is not None:
+                namespace, name, port = self.service
+                advertised.pop("url", None)
+                advertised["service"] = kopf.WebhookClientConfigService(
+                    namespace=namespace, name=name, port=port
+                )
+            elif self.advertised_url is not None:
+                advertised["url"] = self.advertised_url.rstrip("/")
+            yield advertised
+
+
+def webhook_server(config: WebhookConfig) -> PhalanxWebhookServer:
+    """The server for ``settings.admission.server``, with certificates from ``cert_dir``
+    (made there on first use)."""
+    hosts = [config.listen_addr if config.listen_addr not in ("0.0.0.0", "::") else "127.0.0.1"]
+    if config.url:
+        host = urlsplit(config.url).hostname
+        if host and host not in hosts:
+            hosts.insert(0, host)
+    service = None
+    if config.service:
+        namespace, _, name = config.service.partition("/")
+        hosts = [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local", *hosts]
+        service = (namespace, name, 443)
+    certs = ensure_webhook_certs(config.cert_dir, hosts=hosts)
+    return PhalanxWebhookServer(
+        addr=config.listen_addr,
+        port=config.port,
+        host=hosts[0] if not config.service else None,
+        certfile=str(certs.cert_file),
+        pkeyfile=str(certs.key_file),
+        cafile=str(certs.ca_file),
+        advertised_url=config.url,
+        service=service,
+    )
+
+
+def register_webhooks(registry: kopf.OperatorRegistry, *, validator: Validator) -> None:
+    """Add the mutating Job webhook and the validating webhooks to a kopf registry."""
+
+    @kopf.on.mutate(
+        "batch",
+        "v1",
+        "jobs",
+        id="suspend-queued-jobs",
+        operations=["CREATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    async def suspend_job(patch: kopf.Patch, **_: Any) -> None:
+        # Kueue's rule: a queued Job is created suspended; admission unsuspends it.
+        patch.setdefault("spec", {})["suspend"] = True
+
+    for plural, kind in KUEUE_KINDS:
+        _register_validation(registry, plural=plural, kind=kind, validator=validator)
+
+
+def _register_validation(
+    registry: kopf.OperatorRegistry, *, plural: str, kind: str, validator: Validator
+) -> None:
+    async def validate(body: kopf.Body, **_: Any) -> None:
+        obj = dict(body)
+        obj.setdefault("kind", kind)
+        errors = validator(obj)
+        if errors:
+            name = (obj.get("metadata") or {}).get("name", "")
+            raise kopf.AdmissionError(f"{kind} {name!r} is invalid: " + "; ".join(errors), code=422)
+
+    kopf.on.validate(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        plural,
+        id=f"validate-{plural}",
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )(validate)
