@@ -1,0 +1,172 @@
+"""Cross-field rules of Workload, its pod sets and its admission (see phalanx.api.rulebook)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.api.rules import Rule
+from phalanx.api.workload import (
+    PodSet,
+    PodSetTopologyRequest,
+    PriorityClassRef,
+    Workload,
+    WorkloadSpec,
+)
+from phalanx.api.workload_status import (
+    TopologyAssignment,
+    TopologyAssignmentSlice,
+    TopologyAssignmentSliceLevelValues,
+)
+
+__all__ = ["WORKLOAD_RULES"]
+
+
+def _quota_reserved_with_wrong_assignments(wl: Workload) -> list[str]:
+    status = wl.status
+    if status is None or status.admission is None or not status.conditions:
+        return []
+    reserved = any(c.type == "QuotaReserved" and c.status == "True" for c in status.conditions)
+    if reserved and len(status.admission.pod_set_assignments) != len(wl.spec.pod_sets):
+        return ["status.admission.podSetAssignments"]
+    return []
+
+
+def _topology_request_conflicts(request: PodSetTopologyRequest) -> list[str]:
+    chosen = [
+        request.required is not None,
+        request.preferred is not None,
+        bool(request.unconstrained),
+    ]
+    return [""] if sum(chosen) > 1 else []
+
+
+WORKLOAD_RULES: tuple[Rule[Any], ...] = (
+    Rule(
+        name="PodSet-min-count-within-count",
+        model=PodSet,
+        cel="!has(self.minCount) || self.minCount <= self.count",
+        message="minCount must not exceed count",
+        check=lambda ps: (
+            ["minCount"] if ps.min_count is not None and ps.min_count > ps.count else []
+        ),
+        field_path=".minCount",
+    ),
+    Rule(
+        name="Workload-one-partial-pod-set",
+        model=WorkloadSpec,
+        cel="size(self.podSets.filter(p, has(p.minCount))) <= 1",
+        message="only one pod set can set minCount (partial admission shrinks a single pod set)",
+        check=lambda s: (
+            ["podSets"] if sum(ps.min_count is not None for ps in s.pod_sets) > 1 else []
+        ),
+        field_path=".podSets",
+    ),
+    Rule(
+        name="Workload-priority-class-needs-priority",
+        model=WorkloadSpec,
+        cel="!has(self.priorityClassRef) || has(self.priority)",
+        message="priority must be set when priorityClassRef is set (copy the class's value)",
+        check=lambda s: ["priority"] if s.priority_class_ref and s.priority is None else [],
+        field_path=".priority",
+    ),
+    Rule(
+        name="PriorityClassRef-scheduling-group-kind",
+        model=PriorityClassRef,
+        cel="self.group != 'scheduling.k8s.io' || self.kind == 'PriorityClass'",
+        message="group scheduling.k8s.io needs kind PriorityClass",
+        check=lambda r: (
+            ["kind"] if r.group == "scheduling.k8s.io" and r.kind != "PriorityClass" else []
+        ),
+        field_path=".kind",
+    ),
+    Rule(
+        name="PriorityClassRef-kueue-group-kind",
+        model=PriorityClassRef,
+        cel="self.group != 'kueue.x-k8s.io' || self.kind == 'WorkloadPriorityClass'",
+        message="group kueue.x-k8s.io needs kind WorkloadPriorityClass",
+        check=lambda r: (
+            ["kind"] if r.group == "kueue.x-k8s.io" and r.kind != "WorkloadPriorityClass" else []
+        ),
+        field_path=".kind",
+    ),
+    Rule(
+        name="PodSetTopologyRequest-one-mode",
+        model=PodSetTopologyRequest,
+        cel="(has(self.required) ? 1 : 0) + (has(self.preferred) ? 1 : 0) +"
+        " (has(self.unconstrained) && self.unconstrained ? 1 : 0) <= 1",
+        message="set at most one of required, preferred and unconstrained",
+        check=_topology_request_conflicts,
+    ),
+    Rule(
+        name="Workload-assignments-match-pod-sets",
+        model=Workload,
+        cel="has(self.status) && has(self.status.conditions) &&"
+        " self.status.conditions.exists(c, c.type == 'QuotaReserved' && c.status == 'True') &&"
+        " has(self.status.admission) ?"
+        " size(self.spec.podSets) == size(self.status.admission.podSetAssignments) : true",
+        message="status.admission.podSetAssignments must have one entry per pod set while"
+        " quota is reserved",
+        check=_quota_reserved_with_wrong_assignments,
+    ),
+    Rule(
+        name="TopologyAssignment-values-per-level",
+        model=TopologyAssignment,
+        cel="self.slices.all(x, size(x.valuesPerLevel) == size(self.levels))",
+        message="each slice needs one valuesPerLevel entry per level",
+        check=lambda ta: [
+            f"slices[{i}].valuesPerLevel"
+            for i, s in enumerate(ta.slices)
+            if len(s.values_per_level) != len(ta.levels)
+        ],
+        field_path=".slices",
+    ),
+    Rule(
+        name="TopologyAssignmentSlice-pod-counts-length",
+        model=TopologyAssignmentSlice,
+        cel="!has(self.podCounts) || size(self.podCounts) == self.domainCount",
+        message="podCounts must have domainCount entries",
+        check=lambda s: (
+            ["podCounts"]
+            if s.pod_counts is not None and len(s.pod_counts) != s.domain_count
+            else []
+        ),
+        field_path=".podCounts",
+    ),
+    Rule(
+        name="TopologyAssignmentSlice-one-count-form",
+        model=TopologyAssignmentSlice,
+        cel="has(self.podCounts) != has(self.universalPodCount)",
+        message="set exactly one of podCounts and universalPodCount",
+        check=lambda s: [""] if (s.pod_counts is None) == (s.universal_pod_count is None) else [],
+    ),
+    Rule(
+        name="TopologyAssignmentSlice-roots-length",
+        model=TopologyAssignmentSlice,
+        cel="self.valuesPerLevel.all(x, !has(x.roots) || size(x.roots) == self.domainCount)",
+        message="roots, when set, must have domainCount entries",
+        check=lambda s: [
+            f"valuesPerLevel[{i}].roots"
+            for i, v in enumerate(s.values_per_level)
+            if v.roots is not None and len(v.roots) != s.domain_count
+        ],
+        field_path=".valuesPerLevel",
+    ),
+    Rule(
+        name="TopologyAssignmentSliceLevelValues-one-value-form",
+        model=TopologyAssignmentSliceLevelValues,
+        cel="has(self.roots) != has(self.universalValue)",
+        message="set exactly one of roots and universalValue",
+        check=lambda v: [""] if (v.roots is None) == (v.universal_value is None) else [],
+    ),
+    Rule(
+        name="TopologyAssignmentSliceLevelValues-universal-alone",
+        model=TopologyAssignmentSliceLevelValues,
+        cel="!(has(self.universalValue) && (has(self.prefix) || has(self.suffix)))",
+        message="universalValue cannot be combined with prefix or suffix",
+        check=lambda v: (
+            [""]
+            if v.universal_value is not None and (v.prefix is not None or v.suffix is not None)
+            else []
+        ),
+    ),
+)

@@ -1,0 +1,146 @@
+"""Workload status: the admission a ClusterQueue granted, and the conditions on the way."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from phalanx.api.fields import (
+    Int32,
+    KueueModel,
+    NameReference,
+    PodSetName,
+    Quantity,
+    Time,
+    list_map,
+)
+from phalanx.api.meta import Condition
+
+__all__ = [
+    "Admission",
+    "PodSetAssignment",
+    "PodSetRequest",
+    "ReclaimablePod",
+    "RequeueState",
+    "TopologyAssignment",
+    "TopologyAssignmentSlice",
+    "TopologyAssignmentSliceLevelValues",
+    "WorkloadStatus",
+]
+
+DomainValue = Annotated[str, Field(max_length=63)]
+TopologyLevelLabel = Annotated[str, Field(max_length=317)]
+
+
+class TopologyAssignmentSliceLevelValues(KueueModel):
+    """The domain values, at one level, of the domains of a slice. Kueue's compact encoding:
+    common prefix and suffix are factored out, and a value shared by all domains is written
+    once."""
+
+    prefix: DomainValue | None = None
+    suffix: DomainValue | None = None
+    roots: list[DomainValue] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    """One value per domain, without prefix and suffix."""
+    universal_value: DomainValue | None = None
+    """The value of every domain of the slice."""
+
+
+class TopologyAssignmentSlice(KueueModel):
+    """A run of domains and the number of pods in each."""
+
+    domain_count: Int32 = Field(ge=1)
+    values_per_level: list[TopologyAssignmentSliceLevelValues] = Field(
+        min_length=1, max_length=16, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    """One entry per level of the assignment."""
+    pod_counts: list[Int32] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100_000,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    """Pods per domain."""
+    universal_pod_count: Int32 | None = None
+    """Pods in every domain of the slice."""
+
+
+class TopologyAssignment(KueueModel):
+    """Pods per topology domain, at the lowest level of the topology."""
+
+    levels: list[TopologyLevelLabel] = Field(
+        min_length=1, max_length=16, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    """Node label keys of the levels, highest first."""
+    slices: list[TopologyAssignmentSlice] = Field(
+        max_length=1000, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+
+
+class PodSetAssignment(KueueModel):
+    """What one pod set was admitted with."""
+
+    name: PodSetName = "main"
+    flavors: dict[str, NameReference] | None = None
+    """Flavor assigned to each resource."""
+    resource_usage: dict[str, Quantity] | None = None
+    """Total resources of all the pods of the pod set."""
+    count: Int32 | None = Field(default=None, ge=0)
+    """Pods counted at admission."""
+    topology_assignment: TopologyAssignment | None = None
+    """Domains the pods are placed in, for a flavor with a Topology."""
+
+
+class Admission(KueueModel):
+    """The ClusterQueue that admitted the workload and what each pod set got."""
+
+    cluster_queue: NameReference
+    pod_set_assignments: list[PodSetAssignment] = Field(
+        max_length=8, json_schema_extra=list_map("name")
+    )
+
+
+class RequeueState(KueueModel):
+    """Backoff state of a workload evicted for not becoming ready in time."""
+
+    count: Int32 | None = Field(default=None, ge=0)
+    """Times the workload was requeued."""
+    requeue_at: Time | None = None
+    """When it is queued again."""
+
+
+class ReclaimablePod(KueueModel):
+    """Pods of a pod set whose quota is no longer needed (they finished)."""
+
+    name: PodSetName
+    count: Int32 = Field(ge=0)
+
+
+class PodSetRequest(KueueModel):
+    """Resources a pending pod set asked for when last considered."""
+
+    name: PodSetName
+    resources: dict[str, Quantity] | None = None
+
+
+class WorkloadStatus(KueueModel):
+    """Observed state of a Workload."""
+
+    conditions: list[Condition] | None = Field(
+        default=None, max_length=16, json_schema_extra=list_map("type")
+    )
+    """QuotaReserved, Admitted, PodsReady, Evicted, Preempted, Requeued, Finished."""
+    admission: Admission | None = None
+    """Set when quota is reserved; cleared on eviction."""
+    requeue_state: RequeueState | None = None
+    reclaimable_pods: list[ReclaimablePod] | None = Field(
+        default=None, max_length=8, json_schema_extra=list_map("name")
+    )
+    resource_requests: list[PodSetRequest] | None = Field(
+        default=None, max_length=8, json_schema_extra=list_map("name")
+    )
