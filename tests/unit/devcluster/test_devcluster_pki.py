@@ -1,0 +1,81 @@
+"""The devcluster's certificates: one CA, the right identities and names, reused on restart."""
+
+from __future__ import annotations
+
+import ipaddress
+import stat
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from phalanx.devcluster.kubeconfig import write_kubeconfig
+from phalanx.devcluster.pki import ensure_pki
+
+
+def _load(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def _verify(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    public = ca.public_key()
+    assert isinstance(public, ec.EllipticCurvePublicKey)
+    assert cert.signature_hash_algorithm is not None
+    public.verify(
+        cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm)
+    )
+
+
+def test_devcluster_certificates_chain_to_the_ca_with_the_right_subjects(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki", service_ip="10.96.0.1")
+    ca = _load(pki.ca.cert)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    serving = _load(pki.serving.cert)
+    _verify(serving, ca)
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"localhost", "kubernetes.default.svc"} <= set(sans.get_values_for_type(x509.DNSName))
+    assert set(sans.get_values_for_type(x509.IPAddress)) == {
+        ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("10.96.0.1"),
+    }
+    eku = serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.SERVER_AUTH in eku
+
+    def subject(name: str) -> tuple[str, list[str]]:
+        cert = _load(pki.clients[name].cert)
+        _verify(cert, ca)
+        cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+        orgs = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+        return str(cn), [str(o) for o in orgs]
+
+    assert subject("admin")[1] == ["system:masters"]
+    assert subject("controller-manager") == ("system:kube-controller-manager", [])
+    assert subject("scheduler") == ("system:kube-scheduler", [])
+    assert subject("kwok")[1] == []  # no group shortcut: bound to a role explicitly
+
+
+def test_devcluster_keys_are_private_and_reused(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki", service_ip="10.96.0.1")
+    for key in (pki.ca.key, pki.serving.key, pki.service_account_key, pki.clients["admin"].key):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+    before = {p: p.read_bytes() for p in (tmp_path / "pki").iterdir()}
+    ensure_pki(tmp_path / "pki", service_ip="10.96.0.1")
+    assert {p: p.read_bytes() for p in (tmp_path / "pki").iterdir()} == before
+
+
+def test_devcluster_kubeconfig_embeds_credentials(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki", service_ip="10.96.0.1")
+    path = write_kubeconfig(
+        tmp_path / "admin.yaml",
+        server="https://127.0.0.1:16443",
+        ca_cert=pki.ca.cert,
+        client=pki.clients["admin"],
+        user="admin",
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    doc = yaml.safe_load(path.read_text())
+    assert doc["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
+    assert doc["users"][0]["user"]["client-key-data"]
+    assert doc["current-context"] == "admin@phalanx-dev"
