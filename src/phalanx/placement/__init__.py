@@ -19,6 +19,7 @@ from phalanx.placement.model import (
     TopologyRequest,
     topology_request_from_annotations,
 )
+from phalanx.placement.registry import FlavorTopologies
 from phalanx.placement.result import (
     CLUSTER_LEVEL,
     DomainAssignment,
@@ -38,6 +39,7 @@ __all__ = [
     "HOSTNAME_LABEL",
     "DomainAssignment",
     "FailureReason",
+    "FlavorTopologies",
     "FlavorTopology",
     "GangPlacement",
     "GangRequest",

@@ -137,7 +137,7 @@ def _place_pod_set(
     if shape.cap.get((), 0) >= pod_set.count:
         bottom = depth if request.mode is TopologyMode.REQUIRED else 0
         for d in range(depth, bottom - 1, -1):
-            path = _best_fit(topo, shape, d, need, units, affinity)
+            path = _best_fit(topo, shape, d, need, units, affinity, plain=slice_depth is None)
             if path is not None:
                 chosen = (path, d)
                 break
@@ -194,22 +194,37 @@ def _best_fit(
     need: int,
     units: explain.UnitsFn,
     affinity: set[Path],
+    *,
+    plain: bool,
 ) -> Path | None:
     """The fitting domain with the least room left; ties go to the domain whose parent,
-    then grandparent, has the least room (fill fragmented racks first), then label order."""
+    then grandparent, has the least room (fill fragmented racks first), then label order.
+
+    This runs over every domain of a level (every node, for the lowest), so it walks the
+    level parent by parent: a parent without room for ``need`` is skipped whole, and the
+    ancestors' room is looked up once per parent.
+    """
+    if depth == 0:
+        return () if units((), 0) >= need else None
     cap = shape.cap
     best: Path | None = None
-    best_key: tuple[bool, int, tuple[int, ...]] | None = None
-    for path in topo.domains_at(depth):  # label order, so the first of equals wins
-        free = units(path, depth)
-        if free >= need:
-            rank = (
-                path not in affinity,
-                free - need,
-                tuple(cap.get(path[:d], 0) for d in range(depth - 1, 0, -1)),
-            )
-            if best_key is None or rank < best_key:
-                best, best_key = path, rank
+    best_rank: tuple[tuple[bool, int], tuple[int, ...]] = ((True, 0), ())
+    for parent in topo.domains_at(depth - 1):  # label order, so the first of equals wins
+        if plain and cap.get(parent, 0) < need:
+            continue
+        room: tuple[int, ...] | None = None
+        for path in topo.children(parent):
+            free = cap.get(path, 0) if plain else units(path, depth)
+            if free < need:
+                continue
+            head = (bool(affinity) and path not in affinity, free - need)
+            if best is not None and head > best_rank[0]:
+                continue
+            if room is None:
+                room = tuple(cap.get(parent[:d], 0) for d in range(depth - 1, 0, -1))
+            rank = (head, room)
+            if best is None or rank < best_rank:
+                best, best_rank = path, rank
     return best
 
 
