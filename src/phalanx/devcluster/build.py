@@ -1,7 +1,7 @@
 """Build the control plane's binaries from the pinned Go modules, once, into the cache.
 
-The first build compiles most of Kubernetes and takes a long time on a small machine (tens of
-minutes on 2 cores), so every binary gets a start line, a heartbeat line every 30 s and a done
+The first build compiles most of Kubernetes and takes minutes (about 8 on 2 cores, more on a
+busy or slower machine), so every binary gets a start line, a heartbeat line every 30 s and a done
 line with its time: a CI log must show the work is moving. Each binary is written under a
 temporary name and renamed when complete, so an interrupted build is never mistaken for a
 cached one.
@@ -146,7 +146,7 @@ def ensure_binaries(
     cache.bin_dir.mkdir(parents=True, exist_ok=True)
     progress(
         f"building {len(missing)} binaries into {cache.bin_dir} with {go}; "
-        "a first build takes 15-30 minutes on 2 cores"
+        "a first build compiles Kubernetes: about 8 minutes on 2 cores, longer on a busy machine"
     )
     total = time.monotonic()
     for index, name in enumerate(missing, start=1):

@@ -148,3 +148,13 @@ def test_devcluster_topology_file_errors(tmp_path: Path) -> None:
     doc.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(TopologyError, match=r"\(root\): must be a mapping"):
         load_topology(doc)
+
+
+def test_devcluster_kind_config_has_the_same_topology_as_small_yaml() -> None:
+    kind = yaml.safe_load((SMALL.parents[2] / "manifests" / "kind" / "cluster.yaml").read_text())
+    workers = [n for n in kind["nodes"] if n["role"] == "worker"]
+    specs = node_specs(load_topology(SMALL))
+    assert len(workers) == len(specs)
+    assert sorted((w["labels"][BLOCK_LABEL], w["labels"][RACK_LABEL]) for w in workers) == sorted(
+        (s.block, s.rack) for s in specs
+    )
