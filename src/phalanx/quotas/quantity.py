@@ -96,8 +96,9 @@ def format_quantity(value: int, *, resource: str = "") -> str:
     """Print an integer of base units the way Kubernetes prints it.
 
     CPU comes out as whole cores when it can ("2") and milli-cores otherwise ("500m"); byte
-    counts (memory, storage, or an unnamed resource) use the largest binary suffix that divides them exactly ("16Gi"), then decimal
-    ("1500M"), then a plain integer; device and pod counts print as plain integers.
+    counts (memory, storage, or an unnamed resource) use the largest binary suffix that
+    divides them exactly ("16Gi"), then decimal ("1500M"), then a plain integer; device and
+    pod counts print as plain integers.
     """
     if is_milli_resource(resource):
         return str(value // 1000) if value % 1000 == 0 else f"{value}m"
