@@ -110,11 +110,14 @@ def _check_quantity(value: Any) -> int | str:
                 f'"{value}" or with a suffix such as "500m"'
             )
         raise ValueError(f"must be a quantity such as 8, 500m or 16Gi, got {value!r}")
+    if isinstance(value, str) and value != value.strip():
+        raise ValueError(f"{value!r} has surrounding spaces; write the quantity alone")
     try:
         amount = parse_quantity(value)
     except QuantityError as exc:
         raise ValueError(str(exc)) from None
-    if amount < 0:
+    # The sign, not the rounded amount: "-500m" of a whole-unit resource rounds to 0.
+    if amount < 0 or (isinstance(value, str) and value.startswith("-")):
         raise ValueError(f"{value!r} is negative; quantities must be greater than or equal to 0")
     return value
 
