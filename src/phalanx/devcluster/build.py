@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.devcluster import pins
+from phalanx.devcluster.locks import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,22 @@ def ensure_binaries(
     """
     root = root or pins.repo_root()
     cache = pins.binary_cache(root)
-    missing = cache.missing()
-    if not missing:
+    if not cache.missing():
         return cache
+    lock = cache.bin_dir.parent / "build.lock"
+    with file_lock(
+        lock, on_wait=lambda: progress(f"waiting for another build into {cache.bin_dir}")
+    ):
+        # Whoever held the lock may have built everything meanwhile.
+        missing = cache.missing()
+        if missing:
+            _build_missing(root=root, cache=cache, missing=missing, progress=progress)
+    return cache
+
+
+def _build_missing(
+    *, root: Path, cache: pins.BinaryCache, missing: tuple[str, ...], progress: Progress
+) -> None:
     go = find_go(progress=progress)
     cache.bin_dir.mkdir(parents=True, exist_ok=True)
     progress(
@@ -160,4 +174,3 @@ def ensure_binaries(
         )
     progress(f"all binaries built in {_format_seconds(time.monotonic() - total)}")
     log.info("event=binaries_built dir=%s count=%d", cache.bin_dir, len(missing))
-    return cache

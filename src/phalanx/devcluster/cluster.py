@@ -9,7 +9,6 @@ removes them.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import sys
@@ -17,14 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from phalanx.devcluster import build, components, nodes, pins, processes
 from phalanx.devcluster.components import COMPONENTS, Layout, Ports
 from phalanx.devcluster.http import ApiError, Endpoint
 from phalanx.devcluster.kubeconfig import write_kubeconfig
+from phalanx.devcluster.locks import file_lock
 from phalanx.devcluster.pki import CertPair, Pki, ensure_pki
 from phalanx.devcluster.processes import ProcessRecord
+from phalanx.devcluster.state import ClusterState, load_state, save_state
 from phalanx.devcluster.topology import Topology, load_topology
 
 log = logging.getLogger(__name__)
@@ -87,55 +87,6 @@ class ClusterStatus:
         return bool(self.components) and all(c.healthy for c in self.components)
 
 
-@dataclass(frozen=True)
-class _State:
-    ports: Ports
-    bin_dir: Path
-    topology: Path | None
-    expected_nodes: int | None
-    processes: dict[str, ProcessRecord]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ports": self.ports.to_json(),
-            "bin_dir": str(self.bin_dir),
-            "topology": str(self.topology) if self.topology else None,
-            "expected_nodes": self.expected_nodes,
-            "processes": {name: rec.to_json() for name, rec in self.processes.items()},
-        }
-
-
-def _load_state(layout: Layout) -> _State | None:
-    try:
-        data = json.loads(layout.state_file.read_text())
-    except FileNotFoundError:
-        return None
-    return _State(
-        ports=Ports.from_json(data["ports"]),
-        bin_dir=Path(data["bin_dir"]),
-        topology=Path(data["topology"]) if data.get("topology") else None,
-        expected_nodes=data.get("expected_nodes"),
-        processes={
-            name: ProcessRecord.from_json(name, rec) for name, rec in data["processes"].items()
-        },
-    )
-
-
-def _save_state(layout: Layout, state: _State) -> None:
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = layout.state_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
-    tmp.replace(layout.state_file)
-    for name in COMPONENTS:
-        pid_file = layout.pid_file(name)
-        record = state.processes.get(name)
-        if record is None:
-            pid_file.unlink(missing_ok=True)
-        else:
-            pid_file.parent.mkdir(parents=True, exist_ok=True)
-            pid_file.write_text(f"{record.pid}\n")
-
-
 def _endpoint(component: str, layout: Layout, ports: Ports) -> Endpoint:
     pki_dir = layout.pki_dir
     admin = CertPair(pki_dir / "admin.crt", pki_dir / "admin.key")
@@ -146,7 +97,7 @@ def _api(layout: Layout, ports: Ports) -> Endpoint:
     return _endpoint("kube-apiserver", layout, ports)
 
 
-def _component_status(layout: Layout, state: _State, name: str) -> ComponentStatus:
+def _component_status(layout: Layout, state: ClusterState, name: str) -> ComponentStatus:
     record = state.processes.get(name)
     running = record is not None and processes.is_running(record)
     healthy, detail = False, "not running"
@@ -164,7 +115,7 @@ def _component_status(layout: Layout, state: _State, name: str) -> ComponentStat
 def status(*, state_dir: Path | None = None) -> ClusterStatus:
     """Health of each component and the node count, without changing anything."""
     layout = Layout(state_dir or default_state_dir())
-    state = _load_state(layout)
+    state = load_state(layout)
     if state is None:
         return ClusterStatus(
             state_dir=layout.state_dir,
@@ -193,7 +144,7 @@ def status(*, state_dir: Path | None = None) -> ClusterStatus:
     )
 
 
-def _stop_all(layout: Layout, state: _State) -> list[str]:
+def _stop_all(layout: Layout, state: ClusterState) -> list[str]:
     """Stop our recorded processes in reverse start order; return those that would not die."""
     stubborn: list[str] = []
     remaining = dict(state.processes)
@@ -205,9 +156,9 @@ def _stop_all(layout: Layout, state: _State) -> list[str]:
             del remaining[name]
         else:
             stubborn.append(f"{name} (pid {record.pid})")
-    _save_state(
+    save_state(
         layout,
-        _State(
+        ClusterState(
             ports=state.ports,
             bin_dir=state.bin_dir,
             topology=state.topology,
@@ -225,15 +176,18 @@ def down(*, state_dir: Path | None = None, purge: bool = False) -> list[str]:
     folder (certificates, etcd data, logs).
     """
     layout = Layout(state_dir or default_state_dir())
-    state = _load_state(layout)
-    stopped: list[str] = []
-    if state is not None:
-        stopped = [n for n in COMPONENTS if n in state.processes]
-        stubborn = _stop_all(layout, state)
-        if stubborn:
-            raise DevclusterError(f"could not stop: {', '.join(stubborn)}")
-    if purge and layout.state_dir.exists():
-        shutil.rmtree(layout.state_dir)
+    if not layout.state_dir.exists():
+        return []
+    with file_lock(layout.lock_file):
+        state = load_state(layout)
+        stopped: list[str] = []
+        if state is not None:
+            stopped = [n for n in COMPONENTS if n in state.processes]
+            stubborn = _stop_all(layout, state)
+            if stubborn:
+                raise DevclusterError(f"could not stop: {', '.join(stubborn)}")
+        if purge:
+            shutil.rmtree(layout.state_dir)
     return stopped
 
 
@@ -287,7 +241,7 @@ def _start_all(
     bin_dir: Path,
     topology_path: Path,
     topology: Topology,
-    previous: _State | None,
+    previous: ClusterState | None,
     progress: Progress,
     timeout: float,
 ) -> None:
@@ -299,9 +253,9 @@ def _start_all(
     records: dict[str, ProcessRecord] = {}
 
     def save() -> None:
-        _save_state(
+        save_state(
             layout,
-            _State(
+            ClusterState(
                 ports=ports,
                 bin_dir=bin_dir,
                 topology=topology_path,
@@ -342,7 +296,28 @@ def up(
     layout = Layout(state_dir or default_state_dir())
     topology_path = (topology_path or default_topology()).resolve()
     topology = load_topology(topology_path)
-    previous = _load_state(layout)
+    with file_lock(
+        layout.lock_file,
+        on_wait=lambda: progress(f"waiting for another up/down on {layout.state_dir}"),
+    ):
+        return _up_locked(
+            layout=layout,
+            topology_path=topology_path,
+            topology=topology,
+            progress=progress,
+            timeout=timeout,
+        )
+
+
+def _up_locked(
+    *,
+    layout: Layout,
+    topology_path: Path,
+    topology: Topology,
+    progress: Progress,
+    timeout: float,
+) -> ClusterStatus:
+    previous = load_state(layout)
     current = status(state_dir=layout.state_dir)
     if not current.healthy:
         if previous is not None:
@@ -364,19 +339,19 @@ def up(
             )
         except BaseException:
             # Leave nothing half-started behind; the logs stay for diagnosis.
-            state = _load_state(layout)
+            state = load_state(layout)
             if state is not None:
                 _stop_all(layout, state)
             raise
         progress(f"control plane up in {time.monotonic() - started:.1f}s")
     else:
         progress(f"reusing the healthy cluster in {layout.state_dir}")
-    state = _load_state(layout)
+    state = load_state(layout)
     assert state is not None
     if state.topology != topology_path or state.expected_nodes != topology.node_count:
-        _save_state(
+        save_state(
             layout,
-            _State(
+            ClusterState(
                 ports=state.ports,
                 bin_dir=state.bin_dir,
                 topology=topology_path,

@@ -98,6 +98,10 @@ class Layout:
         return self.state_dir / "state.json"
 
     @property
+    def lock_file(self) -> Path:
+        return self.state_dir / "lock"
+
+    @property
     def pki_dir(self) -> Path:
         return self.state_dir / "pki"
 
