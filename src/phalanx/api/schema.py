@@ -147,6 +147,10 @@ def _normalize(
         elif key == "items":
             value = _normalize(value, defs, path=f"{path}[]")
         out[key] = value
+    if out.get("format") == "int32":
+        # The API server does not enforce int32's range from the format alone.
+        out.setdefault("minimum", -(2**31))
+        out.setdefault("maximum", 2**31 - 1)
     if isinstance(node.get("additionalProperties"), dict):
         out["additionalProperties"] = _normalize(
             node["additionalProperties"], defs, path=f"{path}{{}}"

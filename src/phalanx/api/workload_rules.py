@@ -107,6 +107,7 @@ WORKLOAD_RULES: tuple[Rule[Any], ...] = (
         message="status.admission.podSetAssignments must have one entry per pod set while"
         " quota is reserved",
         check=_quota_reserved_with_wrong_assignments,
+        field_path=".status.admission.podSetAssignments",
     ),
     Rule(
         name="TopologyAssignment-values-per-level",

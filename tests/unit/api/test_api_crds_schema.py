@@ -102,9 +102,13 @@ def test_api_rule_field_paths_exist():
     for kind in CRDS:
         for path, node in nodes(schema_of(kind)):
             for rule in node.get("x-kubernetes-validations", ()):
-                if "fieldPath" in rule:
-                    field = rule["fieldPath"].lstrip(".")
-                    assert field in node["properties"], f"{kind}{path}: {rule['fieldPath']}"
+                if "fieldPath" not in rule:
+                    continue
+                target = node
+                for field in rule["fieldPath"].lstrip(".").split("."):
+                    where = f"{kind}{path}: {rule['fieldPath']}"
+                    assert field in target.get("properties", {}), where
+                    target = target["properties"][field]
 
 
 def _json_path_exists(schema: dict[str, Any], json_path: str) -> bool:
