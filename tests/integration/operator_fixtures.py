@@ -1,0 +1,184 @@
+"""Fixtures for the operator's integration tests (imported by tests/integration/test_operator_*).
+
+``kueue_crds`` installs the CRDs generated from the API models; ``phalanx_operator`` runs
+``phalanx operator`` as a subprocess against the devcluster, with its log in a file that a
+failing test prints. Small sync helpers wrap kubectl for assertions on real objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from phalanx.devcluster.handle import ClusterHandle
+
+REPO = Path(__file__).resolve().parents[2]
+PHALANX = Path(sys.executable).with_name("phalanx")
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def kueue_crds(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seven Kueue CRDs, generated from the models (the same bytes as crds/), installed."""
+    out = tmp_path_factory.mktemp("crds")
+    subprocess.run([str(PHALANX), "crds", "--output", str(out)], check=True)
+    cluster.kubectl_ok("apply", "--server-side", "--force-conflicts", "-f", str(out))
+    cluster.kubectl_ok("wait", "--for=condition=Established", "--timeout=60s", "-f", str(out))
+    return out
+
+
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    log: Path
+    metrics_port: int
+
+    def log_tail(self, lines: int = 80) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+            return str(r.read().decode())
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_operator(
+    cluster: ClusterHandle, workdir: Path, *extra: str, name: str = "operator"
+) -> OperatorProcess:
+    metrics_port = free_port()
+    log = workdir / f"{name}.log"
+    cmd = [
+        str(PHALANX),
+        "operator",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--metrics-port={metrics_port}",
+        f"--webhook-port={free_port()}",
+        f"--webhook-cert-dir={workdir / 'webhook-certs'}",
+        *extra,
+    ]
+    handle = open(log, "wb")  # noqa: SIM115 - the child writes it for its whole life
+    process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ))
+    op = OperatorProcess(process=process, log=log, metrics_port=metrics_port)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the operator exited ({process.returncode}):\n{op.log_tail()}")
+        text = log.read_text(errors="replace")
+        if "event=scheduler_ready" in text and _webhooks_ready(cluster):
+            return op
+        time.sleep(0.3)
+    op.stop()
+    raise AssertionError(f"the operator did not become ready in 60s:\n{op.log_tail()}")
+
+
+def _webhooks_ready(cluster: ClusterHandle) -> bool:
+    proc = cluster.kubectl(
+        "get", "mutatingwebhookconfiguration", "phalanx.kueue.x-k8s.io", "-o", "json"
+    )
+    if proc.returncode != 0:
+        return False
+    return bool(json.loads(proc.stdout).get("webhooks"))
+
+
+@pytest.fixture(scope="module")
+def phalanx_operator(
+    cluster: ClusterHandle, kueue_crds: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """One operator for the test module; its log tail is printed if the module fails."""
+    workdir = tmp_path_factory.mktemp("operator")
+    op = start_operator(cluster, workdir)
+    try:
+        yield op
+    finally:
+        op.stop()
+        sys.stderr.write(f"\n[operator log: {op.log}]\n")
+
+
+# -- kubectl helpers ----------------------------------------------------------------------------
+
+
+def apply(cluster: ClusterHandle, *objects: dict[str, Any], namespace: str | None = None) -> None:
+    args = ["apply", "-f", "-"]
+    if namespace:
+        args[1:1] = ["-n", namespace]
+    cluster.kubectl_ok(*args, input=yaml.safe_dump_all(objects))
+
+
+def get(
+    cluster: ClusterHandle, kind: str, name: str, namespace: str | None = None
+) -> dict[str, Any]:
+    args = ["get", kind, name, "-o", "json"]
+    if namespace:
+        args += ["-n", namespace]
+    return dict(json.loads(cluster.kubectl_ok(*args)))
+
+
+def get_list(
+    cluster: ClusterHandle, kind: str, namespace: str | None = None, *selectors: str
+) -> list[dict[str, Any]]:
+    args = ["get", kind, "-o", "json", *selectors]
+    if namespace:
+        args += ["-n", namespace]
+    return list(json.loads(cluster.kubectl_ok(*args))["items"])
+
+
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.5,
+    log: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    extra = f"\noperator log:\n{log()}" if log else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r}){extra}")
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
+def is_true(obj: dict[str, Any], kind: str) -> bool:
+    c = condition(obj, kind)
+    return c is not None and c.get("status") == "True"
