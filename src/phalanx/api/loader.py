@@ -8,10 +8,9 @@ applies). Errors name the field (``spec.resourceGroups[0].flavors[1].name``) and
 from __future__ import annotations
 
 import re
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -20,7 +19,7 @@ from pydantic_core import ErrorDetails
 from phalanx.api.fields import API_VERSION, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, GROUP
 from phalanx.api.kinds import KINDS, KueueObject, kind_info
 from phalanx.api.rulebook import RULES
-from phalanx.api.rules import FieldError, join_path, run_rules
+from phalanx.api.rules import FieldError, index_rules, join_path, run_rules, unwrap_annotation
 from phalanx.api.unimplemented import find_unimplemented
 
 __all__ = [
@@ -34,6 +33,9 @@ __all__ = [
     "to_manifest",
     "validate_object",
 ]
+
+
+_RULE_INDEX = index_rules(RULES)
 
 
 class InvalidObjectError(ValueError):
@@ -100,7 +102,7 @@ def check_object(data: Any) -> tuple[KueueObject | None, list[FieldError]]:
 
 def validate_object(obj: KueueObject) -> list[FieldError]:
     """The cross-field rules (the Python side of the CRDs' CEL rules) for a parsed object."""
-    return run_rules(obj, RULES)
+    return run_rules(obj, _RULE_INDEX)
 
 
 def check_manifests(text: str, *, ignore_other_kinds: bool = False) -> list[Document]:
@@ -281,25 +283,11 @@ def _pattern_message(pattern: str, value: Any) -> str:
     return f"{value!r} does not match the pattern {pattern}"
 
 
-def _unwrap(annotation: Any) -> Any:
-    while True:
-        origin = get_origin(annotation)
-        if origin is Annotated:
-            annotation = get_args(annotation)[0]
-        elif origin in (Union, types.UnionType):
-            options = [arg for arg in get_args(annotation) if arg is not type(None)]
-            if len(options) != 1:
-                return annotation
-            annotation = options[0]
-        else:
-            return annotation
-
-
 def _model_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     """The model class found at ``loc`` below ``root``, following list items and map values."""
     current: Any = root
     for item in loc:
-        current = _unwrap(current)
+        current = unwrap_annotation(current)
         if isinstance(item, int):
             if get_origin(current) is not list:
                 return None
@@ -313,5 +301,5 @@ def _model_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseMod
             current = get_args(current)[1]
         else:
             return None
-    current = _unwrap(current)
+    current = unwrap_annotation(current)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None

@@ -13,9 +13,11 @@ unique, as the API server requires.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import functools
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -24,8 +26,11 @@ from phalanx.api.fields import KueueModel
 __all__ = [
     "FieldError",
     "Rule",
+    "RuleIndex",
+    "index_rules",
     "join_path",
     "run_rules",
+    "unwrap_annotation",
     "walk_models",
 ]
 
@@ -93,12 +98,70 @@ def join_path(base: str, rel: str | int) -> str:
     return f"{base}.{rel}"
 
 
+@dataclass(frozen=True)
+class _FieldPlan:
+    """What the walk needs to know of one field, computed once per model class."""
+
+    attribute: str
+    alias: str
+    holds_models: bool
+    list_type: str | None
+    map_keys: tuple[str, ...]
+
+
+def unwrap_annotation(annotation: Any) -> Any:
+    """``X`` from ``X | None`` and ``Annotated[X, ...]``."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            options = [arg for arg in get_args(annotation) if arg is not type(None)]
+            if len(options) != 1:
+                return annotation
+            annotation = options[0]
+        else:
+            return annotation
+
+
+def _holds_models(annotation: Any) -> bool:
+    annotation = unwrap_annotation(annotation)
+    origin = get_origin(annotation)
+    if origin is list:
+        return _holds_models(get_args(annotation)[0])
+    if origin is dict:
+        return _holds_models(get_args(annotation)[1])
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+@functools.cache
+def _plan(model: type[BaseModel]) -> tuple[_FieldPlan, ...]:
+    # The walk runs on every object the operator reads: skip the fields that can hold no
+    # model and need no list check (strings, counts, pod templates) once, here.
+    plans = []
+    for attribute, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        list_type = extra.get("x-kubernetes-list-type")
+        declared = extra.get("x-kubernetes-list-map-keys")
+        keys = tuple(str(k) for k in declared) if isinstance(declared, list) else ()
+        plan = _FieldPlan(
+            attribute=attribute,
+            alias=info.alias or attribute,
+            holds_models=_holds_models(info.annotation),
+            list_type=str(list_type) if list_type in ("set", "map") else None,
+            map_keys=keys,
+        )
+        if plan.holds_models or plan.list_type:
+            plans.append(plan)
+    return tuple(plans)
+
+
 def walk_models(node: BaseModel, path: str = "") -> Iterator[tuple[str, BaseModel]]:
     """Yield every model instance in ``node``'s tree (``node`` first) with its field path."""
     yield path, node
-    for name, info in type(node).model_fields.items():
-        alias = info.alias or name
-        yield from _walk_value(getattr(node, name), join_path(path, alias))
+    for plan in _plan(type(node)):
+        if plan.holds_models:
+            yield from _walk_value(getattr(node, plan.attribute), join_path(path, plan.alias))
 
 
 def _walk_value(value: Any, path: str) -> Iterator[tuple[str, BaseModel]]:
@@ -107,54 +170,61 @@ def _walk_value(value: Any, path: str) -> Iterator[tuple[str, BaseModel]]:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _walk_value(item, join_path(path, index))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk_value(item, f"{path}[{key}]")
 
 
 def _list_semantics_errors(node: BaseModel, path: str) -> Iterator[FieldError]:
-    for name, info in type(node).model_fields.items():
-        extra = info.json_schema_extra
-        value = getattr(node, name)
-        if not isinstance(extra, dict) or not isinstance(value, list):
+    for plan in _plan(type(node)):
+        value = getattr(node, plan.attribute)
+        if plan.list_type is None or not isinstance(value, list) or len(value) < 2:
             continue
-        alias = info.alias or name
-        list_type = extra.get("x-kubernetes-list-type")
+        keys = plan.map_keys or ("name",)
         seen: set[Any] = set()
         for index, item in enumerate(value):
-            if list_type == "set":
-                key: Any = item
-                where = join_path(join_path(path, alias), index)
-                what = f"duplicate value {item!r}: the items of {alias} must be unique"
-            elif list_type == "map":
-                declared = extra.get("x-kubernetes-list-map-keys")
-                keys = [str(k) for k in declared] if isinstance(declared, list) else ["name"]
-                key = tuple(_key_value(item, k) for k in keys)
-                shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
-                where = join_path(join_path(join_path(path, alias), index), keys[0])
-                what = f"duplicate entry {shown}: each entry of {alias} needs a unique {keys[0]}"
+            key = item if plan.list_type == "set" else tuple(_key_value(item, k) for k in keys)
+            if key not in seen:
+                seen.add(key)
+                continue
+            where = join_path(join_path(path, plan.alias), index)
+            if plan.list_type == "set":
+                what = f"duplicate value {item!r}: the items of {plan.alias} must be unique"
             else:
-                break
-            if key in seen:
-                yield FieldError(where, what)
-            seen.add(key)
+                shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
+                where = join_path(where, keys[0])
+                what = (
+                    f"duplicate entry {shown}: each entry of {plan.alias} needs a unique {keys[0]}"
+                )
+            yield FieldError(where, what)
 
 
 def _key_value(item: Any, key: str) -> Any:
     if isinstance(item, BaseModel):
-        for name, info in type(item).model_fields.items():
-            if (info.alias or name) == key:
-                return getattr(item, name)
+        for plan_item, info in type(item).model_fields.items():
+            if (info.alias or plan_item) == key:
+                return getattr(item, plan_item)
     return None
 
 
-def run_rules(root: KueueModel, rules: Iterable[Rule[Any]]) -> list[FieldError]:
-    """Run the Python side of ``rules``, and the list semantics, over ``root``'s tree."""
+RuleIndex = Mapping[type[BaseModel], tuple[Rule[Any], ...]]
+
+
+def index_rules(rules: Iterable[Rule[Any]]) -> RuleIndex:
+    """The rules with a Python check, by the model they apply to (build once, run often)."""
     by_model: dict[type[BaseModel], list[Rule[Any]]] = {}
     for rule in rules:
         if rule.check is not None:
             by_model.setdefault(rule.model, []).append(rule)
+    return {model: tuple(found) for model, found in by_model.items()}
+
+
+def run_rules(root: KueueModel, index: RuleIndex) -> list[FieldError]:
+    """Run the Python side of the indexed rules, and the list semantics, over ``root``'s tree."""
     errors: list[FieldError] = []
     for path, node in walk_models(root):
         errors.extend(_list_semantics_errors(node, path))
-        for rule in by_model.get(type(node), ()):
+        for rule in index.get(type(node), ()):
             assert rule.check is not None
             errors.extend(
                 FieldError(join_path(path, rel), rule.message) for rel in rule.check(node)
