@@ -86,6 +86,41 @@ class ShapeCache:
             return "untolerated taint"
         return None
 
+    def build(
+        self,
+        nodes: Mapping[str, Node],
+        ancestors: Mapping[str, tuple[Path, ...]],
+        used: Mapping[str, Mapping[str, int]],
+        depth: int,
+    ) -> None:
+        """Fill the cache for every eligible node at once: fits summed per lowest domain,
+        then level by level upwards (one dict update per node instead of one per level)."""
+        empty: Mapping[str, int] = {}
+        requests = self.requests
+        plain = not self.selector and not self.tolerations
+        sums: dict[Path, int] = {}
+        for name, paths in ancestors.items():
+            node = nodes[name]
+            if not (plain and not node.taints):
+                reason = self.eligibility(node)
+                if reason is not None:
+                    self.excluded[name] = reason
+                    continue
+            fit = node_fit(node.allocatable, used.get(name, empty), requests)
+            self.fit[name] = fit
+            leaf = paths[-1]
+            sums[leaf] = sums.get(leaf, 0) + fit
+        cap = self.cap
+        cap[()] = 0
+        for _ in range(depth):
+            cap.update(sums)
+            parents: dict[Path, int] = {}
+            for path, total in sums.items():
+                parent = path[:-1]
+                parents[parent] = parents.get(parent, 0) + total
+            sums = parents
+        cap[()] = sums.get((), 0)
+
     def add_node(
         self,
         node: Node,

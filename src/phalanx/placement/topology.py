@@ -323,9 +323,7 @@ class FlavorTopology:
             self._shapes.move_to_end(key)
             return cache
         cache = ShapeCache(key)
-        cache.cap[()] = 0
-        for name, ancestors in self._ancestors.items():
-            cache.add_node(self._nodes[name], ancestors, self._used.get(name, {}))
+        cache.build(self._nodes, self._ancestors, self._used, self.depth)
         self._shapes[key] = cache
         if len(self._shapes) > _MAX_SHAPES:
             self._shapes.popitem(last=False)
