@@ -7,7 +7,6 @@ once.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -193,11 +192,3 @@ def list_map(*keys: str) -> dict[str, Any]:
 def list_set() -> dict[str, Any]:
     """Schema extension for a list of unique scalars."""
     return {"x-kubernetes-list-type": "set"}
-
-
-def is_dns_subdomain(text: str) -> bool:
-    return len(text) <= 253 and re.match(DNS_SUBDOMAIN_PATTERN, text) is not None
-
-
-def is_dns_label(text: str) -> bool:
-    return len(text) <= 63 and re.match(DNS_LABEL_PATTERN, text) is not None
