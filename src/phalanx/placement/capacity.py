@@ -66,7 +66,16 @@ def blocking_taint(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...
 class ShapeCache:
     """Per-node fit and per-domain capacity for one pod shape."""
 
-    __slots__ = ("cap", "excluded", "fit", "key", "requests", "selector", "tolerations")
+    __slots__ = (
+        "cap",
+        "excluded",
+        "fit",
+        "key",
+        "leaf_caps",
+        "requests",
+        "selector",
+        "tolerations",
+    )
 
     def __init__(self, key: ShapeKey) -> None:
         self.key = key
@@ -76,6 +85,9 @@ class ShapeCache:
         self.fit: dict[str, int] = {}  # eligible node -> pods that still fit
         self.cap: dict[Path, int] = {}  # domain (incl. root ()) -> sum of fits below it
         self.excluded: dict[str, str] = {}  # node -> why this shape cannot use it
+        # capacity -> how many lowest-level domains have exactly that much room (> 0): tells
+        # best fit the least possible leftover before it walks the nodes.
+        self.leaf_caps: dict[int, int] = {}
 
     def eligibility(self, node: Node) -> str | None:
         """Why a node of the flavor is not usable for this shape, or None."""
@@ -110,6 +122,8 @@ class ShapeCache:
             self.fit[name] = fit
             leaf = paths[-1]
             sums[leaf] = sums.get(leaf, 0) + fit
+        for total in sums.values():
+            self._count_leaf(total, 1)
         cap = self.cap
         cap[()] = 0
         for _ in range(depth):
@@ -134,6 +148,7 @@ class ShapeCache:
         fit = node_fit(node.allocatable, used, self.requests)
         self.fit[node.name] = fit
         cap = self.cap
+        self._move_leaf(cap.get(ancestors[-1], 0), fit)
         for path in ancestors:
             cap[path] = cap.get(path, 0) + fit
 
@@ -142,8 +157,26 @@ class ShapeCache:
         fit = self.fit.pop(name, None)
         if fit:
             cap = self.cap
+            self._move_leaf(cap[ancestors[-1]], -fit)
             for path in ancestors:
                 cap[path] -= fit
+
+    def _move_leaf(self, before: int, delta: int) -> None:
+        self._count_leaf(before, -1)
+        self._count_leaf(before + delta, 1)
+
+    def _count_leaf(self, capacity: int, sign: int) -> None:
+        if capacity > 0:
+            left = self.leaf_caps.get(capacity, 0) + sign
+            if left:
+                self.leaf_caps[capacity] = left
+            else:
+                del self.leaf_caps[capacity]
+
+    def least_leaf_at_least(self, need: int) -> int | None:
+        """The smallest room >= ``need`` some lowest-level domain has, if any."""
+        fitting = [capacity for capacity in self.leaf_caps if capacity >= need]
+        return min(fitting) if fitting else None
 
     def refresh_node(
         self,
@@ -160,5 +193,6 @@ class ShapeCache:
             self.fit[name] = new
             delta = new - old
             cap = self.cap
+            self._move_leaf(cap[ancestors[-1]], delta)
             for path in ancestors:
                 cap[path] += delta

@@ -58,13 +58,8 @@ def failure(
     levels: list[LevelFit] = []
     if explain:
         for d in range(topo.depth + 1):
-            best_path: Path = ()
-            best = -1
             domains = topo.domains_at(d) if topo.eligible_node_count() else ()
-            for path in domains:
-                free = units(path, d)
-                if free > best:
-                    best, best_path = free, path
+            best, best_path = _largest(topo, shape, d, units, plain=slice_size == 1)
             name = CLUSTER_LEVEL if d == 0 else topo.levels[d - 1]
             levels.append(
                 LevelFit(name, best_path, max(best, 0) * slice_size, pod_set.count, len(domains))
@@ -73,6 +68,33 @@ def failure(
     return PlacementFailure(
         key, pod_set.name, reason, pod_set.count, tuple(levels), excluded, message
     )
+
+
+def _largest(
+    topo: FlavorTopology, shape: ShapeCache, depth: int, units: UnitsFn, *, plain: bool
+) -> tuple[int, Path]:
+    """The domain of a level with the most room (ties: label order). Without slices a child
+    never has more room than its parent, so parents are visited largest first and the walk
+    stops at the first parent that cannot hold more than the best child found."""
+    if depth == 0 or not topo.eligible_node_count():
+        return units((), 0), ()
+    best, best_path = -1, topo.domains_at(depth)[0]
+    if not plain:
+        for path in topo.domains_at(depth):
+            free = units(path, depth)
+            if free > best:
+                best, best_path = free, path
+        return best, best_path
+    cap = shape.cap
+    parents = sorted(topo.domains_at(depth - 1), key=lambda p: -cap.get(p, 0))
+    for parent in parents:
+        if cap.get(parent, 0) < best:
+            break
+        for path in topo.children(parent):
+            free = cap.get(path, 0)
+            if free > best or (free == best and path < best_path):
+                best, best_path = free, path
+    return best, best_path
 
 
 def _message(

@@ -200,31 +200,46 @@ def _best_fit(
     """The fitting domain with the least room left; ties go to the domain whose parent,
     then grandparent, has the least room (fill fragmented racks first), then label order.
 
-    This runs over every domain of a level (every node, for the lowest), so it walks the
-    level parent by parent: a parent without room for ``need`` is skipped whole, and the
-    ancestors' room is looked up once per parent.
+    This can run over every node, so it walks the level parent by parent, parents with the
+    least room first: a parent without room for ``need`` is skipped whole, and once a domain
+    fits exactly (nothing left over) no later parent can beat it and the walk stops.
     """
     if depth == 0:
         return () if units((), 0) >= need else None
     cap = shape.cap
-    best: Path | None = None
-    best_rank: tuple[tuple[bool, int], tuple[int, ...]] = ((True, 0), ())
-    for parent in topo.domains_at(depth - 1):  # label order, so the first of equals wins
-        if plain and cap.get(parent, 0) < need:
+    # At the lowest level the least possible leftover is known up front (from the count of
+    # domains per capacity), so the first domain with exactly that room, in rank order, wins.
+    target: int | None = None
+    if plain and depth == topo.depth and not affinity:
+        target = shape.least_leaf_at_least(need)
+        if target is None:
+            return None
+    floor = need if target is None else target
+    parents: list[tuple[tuple[int, ...], Path]] = []
+    for parent in topo.domains_at(depth - 1):
+        if plain and cap.get(parent, 0) < floor:
             continue
-        room: tuple[int, ...] | None = None
-        for path in topo.children(parent):
+        parents.append((tuple(cap.get(parent[:d], 0) for d in range(depth - 1, 0, -1)), parent))
+    parents.sort()
+    best: Path | None = None
+    best_head = (True, 0)
+    perfect = (False, 0)
+    for _room, parent in parents:
+        if target is not None:
+            for path in topo.children(parent):
+                if cap.get(path, 0) == target:
+                    return path
+            continue
+        for path in topo.children(parent):  # label order: the first of equals wins
             free = cap.get(path, 0) if plain else units(path, depth)
             if free < need:
                 continue
             head = (bool(affinity) and path not in affinity, free - need)
-            if best is not None and head > best_rank[0]:
-                continue
-            if room is None:
-                room = tuple(cap.get(parent[:d], 0) for d in range(depth - 1, 0, -1))
-            rank = (head, room)
-            if best is None or rank < best_rank:
-                best, best_rank = path, rank
+            # Parents come in rising room, so among equal heads the earlier one ranks first.
+            if best is None or head < best_head:
+                best, best_head = path, head
+                if head == perfect:
+                    return best
     return best
 
 

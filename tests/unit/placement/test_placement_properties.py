@@ -166,6 +166,9 @@ def run(cluster: Cluster, ops: list[tuple[str, int]], data: st.DataObject) -> li
         for reservation in topo.reservations().values():
             rebuilt.restore(reservation)
         assert free(rebuilt) == free(topo)
+        for i, shape in enumerate(SHAPES):
+            probe = GangRequest(f"probe{i}", (PodSetRequest("p", 1, shape),))
+            assert rebuilt.place(probe) == topo.place(probe)
     for key in list(live):
         topo.release(key)
     assert free(topo) == initial
