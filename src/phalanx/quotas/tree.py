@@ -45,6 +45,7 @@ class QuotaNode:
 
     __slots__ = (
         "borrow_limit",
+        "borrowers",
         "children",
         "explicit",
         "fair_weight",
@@ -52,6 +53,7 @@ class QuotaNode:
         "local",
         "name",
         "parent",
+        "potential",
         "quotas",
         "root",
         "subtree",
@@ -75,6 +77,12 @@ class QuotaNode:
         self.root: QuotaNode = self
         # Bumped on the root for every change in the tree, so callers can memoise answers.
         self.version = 0
+        # On a root: for each flavor-resource, the ClusterQueues of the tree using more than
+        # their nominal quota of it. Kept current on every usage change, so "who is
+        # borrowing" (preemption candidates, explanations) never scans the whole cohort.
+        self.borrowers: dict[FlavorResource, set[QuotaNode]] = {}
+        # potential_available depends on quotas only: memoised until the tree is rebuilt.
+        self.potential: dict[FlavorResource, int] = {}
 
     def __repr__(self) -> str:
         kind = "Cohort" if self.is_cohort else "ClusterQueue"
@@ -125,13 +133,18 @@ class QuotaNode:
 
     def potential_available(self, fr: FlavorResource) -> int:
         """The most this node could use if nothing else in the tree used anything."""
+        known = self.potential.get(fr)
+        if known is not None:
+            return known
         parent = self.parent
         if parent is None:
-            return self.subtree.get(fr, 0)
-        available = self.local.get(fr, 0) + parent.potential_available(fr)
-        limit = self.borrow_limit.get(fr)
-        if limit is not None:
-            available = min(self.subtree.get(fr, 0) + limit, available)
+            available = self.subtree.get(fr, 0)
+        else:
+            available = self.local.get(fr, 0) + parent.potential_available(fr)
+            limit = self.borrow_limit.get(fr)
+            if limit is not None:
+                available = min(self.subtree.get(fr, 0) + limit, available)
+        self.potential[fr] = available
         return available
 
     def borrowing_with(self, fr: FlavorResource, amount: int) -> bool:
@@ -344,6 +357,10 @@ class ResourceTree:
         while top.parent is not None:
             top = top.parent
         _rebuild(top, top)
+        top.borrowers = {}
+        for leaf in top.cluster_queues():
+            for fr in leaf.usage:
+                _track_borrowing(leaf, fr)
         top.version += 1
 
     # -- usage -------------------------------------------------------------------------------
@@ -352,17 +369,38 @@ class ResourceTree:
         for fr, amount in usage.items():
             if amount:
                 _add_usage(cluster_queue, fr, amount)
+                _track_borrowing(cluster_queue, fr)
         cluster_queue.root.version += 1
 
     def remove_usage(self, cluster_queue: QuotaNode, usage: Usage) -> None:
         for fr, amount in usage.items():
             if amount:
                 _remove_usage(cluster_queue, fr, amount)
+                _track_borrowing(cluster_queue, fr)
         cluster_queue.root.version += 1
+
+
+def _track_borrowing(node: QuotaNode, fr: FlavorResource) -> None:
+    if node.parent is None:
+        return
+    borrowers = node.root.borrowers
+    if node.usage.get(fr, 0) > node.subtree.get(fr, 0):
+        found = borrowers.get(fr)
+        if found is None:
+            borrowers[fr] = {node}
+        else:
+            found.add(node)
+    else:
+        found = borrowers.get(fr)
+        if found is not None:
+            found.discard(node)
+            if not found:
+                del borrowers[fr]
 
 
 def _rebuild(node: QuotaNode, root: QuotaNode) -> None:
     node.root = root
+    node.potential = {}
     node.borrow_limit = {
         fr: q.borrowing_limit for fr, q in node.quotas.items() if q.borrowing_limit is not None
     }

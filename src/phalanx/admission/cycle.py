@@ -1,0 +1,564 @@
+"""One scheduling cycle, as numbered steps (Kueue's ``schedule()``, reshaped).
+
+1. Requeue workloads whose backoff expired.
+2. Admit preemptors whose victims are gone (their claim already holds the quota).
+3. Hand over evictions decided by events (stop policies, deactivation).
+4. Wake parked workloads in cohort trees where quota was freed or a spec changed.
+5. Explain the workloads of queues that cannot admit (stopped, inactive).
+6. Nominate: the head of every ClusterQueue that may admit, with its flavor assignment.
+7. Admit in order — not borrowing before borrowing (or lowest fair share first), then
+   priority, then FIFO. Each admission updates the live quota tree; an entry nominated
+   before the tree changed is re-assigned before it is acted on. After a ClusterQueue's
+   head is admitted, preempts, or is parked, its next head is nominated, so deep queues
+   drain within one cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import replace
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from phalanx.admission.decisions import (
+    Admit,
+    CycleResult,
+    Evict,
+    Explanation,
+    FitMode,
+    PendingReason,
+    Preempt,
+    Victim,
+)
+from phalanx.admission.flavors import PODS, Assignment, assign_flavors
+from phalanx.admission.model import Admission, PodSetAssignment, PreemptionPolicy
+from phalanx.admission.placement_hook import PlacementDemand
+from phalanx.admission.preemption import Target, find_targets
+from phalanx.admission.records import Entry, Phase, Where
+from phalanx.admission.state import ClusterQueueState
+from phalanx.quotas.fairshare import share_path
+from phalanx.quotas.resources import FlavorResource, add_into
+
+if TYPE_CHECKING:
+    from phalanx.admission.scheduler import Scheduler
+
+__all__ = ["run"]
+
+_Key = tuple[tuple[int, ...], int, int, int]
+
+
+class _Out:
+    __slots__ = ("admitted", "attempts", "evicted", "now", "preempted")
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+        self.admitted: list[Admit] = []
+        self.preempted: list[Preempt] = []
+        self.evicted: list[Evict] = []
+        self.attempts = 0
+
+
+def run(s: Scheduler, now: int) -> CycleResult:
+    s.now = now
+    out = _Out(now)
+    _requeue_backoffs(s, now)  # 1
+    _admit_ready_claims(s, out)  # 2
+    out.evicted, s.pending_evictions = s.pending_evictions, []  # 3
+    _wake_dirty_trees(s)  # 4
+    _explain_stopped_queues(s)  # 5
+    _admit_heads(s, out)  # 6, 7
+    pending, s.fresh = s.fresh, {}
+    return CycleResult(
+        time=now,
+        admitted=tuple(out.admitted),
+        preempted=tuple(out.preempted),
+        evicted=tuple(out.evicted),
+        pending=pending,
+        attempts=out.attempts,
+    )
+
+
+# -- steps 1-5 ---------------------------------------------------------------------------
+
+
+def _requeue_backoffs(s: Scheduler, now: int) -> None:
+    while s.backoff and s.backoff[0][0] <= now:
+        due, _, entry = heapq.heappop(s.backoff)
+        if entry.where == Where.BACKOFF and entry.requeue_at == due and entry.key in s.entries:
+            entry.where = Where.NOWHERE
+            s._route(entry)
+
+
+def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
+    ready = sorted({id(e): e for e in s.ready_claims}.values(), key=lambda e: e.seq)
+    s.ready_claims = []
+    for entry in ready:
+        if entry.phase != Phase.CLAIMING or entry.victims_pending or entry.admission is None:
+            continue
+        state = s.queues.get(entry.cluster_queue or "")
+        if state is None:
+            continue
+        topology: dict[str, object] = {}
+        if _needs_placement(s, entry.admission.pod_sets):
+            ok, topology, reason = _place_admission(s, entry, reserve=True)
+            if not ok:
+                s._release_claim(entry)
+                entry.phase = Phase.PENDING
+                s._route(entry)
+                s._explain(entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
+                continue
+        s.claims.pop(entry.key, None)
+        entry.phase = Phase.ADMITTED
+        entry.admitted_at = out.now
+        if topology:
+            entry.admission = _with_topology(entry.admission, topology)
+        state.add_admitted(entry)
+        _admitted_now(s, entry)
+        out.admitted.append(Admit(entry.key, entry.admission, out.now))
+
+
+def _wake_dirty_trees(s: Scheduler) -> None:
+    roots = sorted(s.dirty_roots, key=lambda n: (n.name, n.is_cohort))
+    s.dirty_roots = set()
+    for root in roots:
+        for state in s.members(root):
+            if state.queue.waiting and state.queue.wake():
+                s.active.add(state.name)
+
+
+def _explain_stopped_queues(s: Scheduler) -> None:
+    names = sorted(s.explain_queues)
+    s.explain_queues = set()
+    for name in names:
+        state = s.queues.get(name)
+        if state is None or state.can_admit:
+            continue
+        text = s._inactive_text(state)
+        for entry in state.queue.entries():
+            s._explain(entry, PendingReason.CLUSTER_QUEUE_INACTIVE, text)
+
+
+# -- steps 6-7 ---------------------------------------------------------------------------
+
+
+def _admit_heads(s: Scheduler, out: _Out) -> None:
+    heap: list[tuple[_Key, int, int, ClusterQueueState, Entry, Assignment | None]] = []
+    counter = 0
+
+    def nominate(state: ClusterQueueState) -> None:
+        # The key is estimated cheaply here; the flavor assignment is computed once, when
+        # the entry reaches the top of the heap (the tree changes with every admission, so
+        # an assignment computed earlier would mostly be stale by then).
+        nonlocal counter
+        entry = state.queue.head()
+        if entry is None:
+            s.active.discard(state.name)
+            return
+        counter += 1
+        heapq.heappush(heap, (_estimated_key(s, state, entry), counter, -1, state, entry, None))
+
+    for name in sorted(s.active):
+        state = s.queues.get(name)
+        if state is None or not state.can_admit:
+            s.active.discard(name)
+            continue
+        nominate(state)
+
+    while heap:
+        _, _, version, state, entry, assignment = heapq.heappop(heap)
+        if state.queue.head() is not entry or not state.can_admit:
+            if state.can_admit:
+                nominate(state)
+            continue
+        if assignment is None or version != state.node.root.version:
+            assignment = _assign(s, state, entry, out)
+            fresh = _key(s, state, entry, assignment)
+            if heap and fresh > heap[0][0]:
+                # No longer first once its real key is known: let the better one go first.
+                counter += 1
+                heapq.heappush(
+                    heap, (fresh, counter, state.node.root.version, state, entry, assignment)
+                )
+                continue
+        _process(s, state, entry, assignment, out)
+        nominate(state)
+
+
+def _key(s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment) -> _Key:
+    if s.config.fair_sharing:
+        shares = share_path(state.node, assignment.usage, lendable_cache=s.lendable_cache)
+        return (shares, -entry.priority, entry.order_time, entry.seq)
+    return ((assignment.borrowing,), -entry.priority, entry.order_time, entry.seq)
+
+
+def _estimated_key(s: Scheduler, state: ClusterQueueState, entry: Entry) -> _Key:
+    """``_key`` assuming each resource gets the first flavor of its group."""
+    usage = _first_flavor_usage(state, entry)
+    node = state.node
+    if s.config.fair_sharing:
+        shares = share_path(node, usage, lendable_cache=s.lendable_cache)
+        return (shares, -entry.priority, entry.order_time, entry.seq)
+    borrowing = int(
+        node.parent is not None
+        and any(node.usage.get(fr, 0) + amount > node.nominal(fr) for fr, amount in usage.items())
+    )
+    return ((borrowing,), -entry.priority, entry.order_time, entry.seq)
+
+
+def _first_flavor_usage(state: ClusterQueueState, entry: Entry) -> dict[FlavorResource, int]:
+    cached = entry.estimate
+    if cached is not None and cached[0] is state.spec:
+        return cached[1]
+    usage: dict[FlavorResource, int] = {}
+    groups = state.spec.resource_groups
+    for ps in entry.workload.pod_sets:
+        requests = {res: per_pod * ps.count for res, per_pod in ps.requests.items()}
+        if PODS in state.group_of:
+            requests[PODS] = ps.count
+        for res, amount in requests.items():
+            group = state.group_of.get(res)
+            if group is None or not amount or not groups[group].flavors:
+                continue
+            fr = (groups[group].flavors[0].name, res)
+            usage[fr] = usage.get(fr, 0) + amount
+    entry.estimate = (state.spec, usage)
+    return usage
+
+
+def _assign(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    out: _Out,
+    counts: Sequence[int] | None = None,
+) -> Assignment:
+    out.attempts += 1
+    placement = s.placement
+
+    def can_preempt(fr: FlavorResource, amount: int, nominal: int) -> bool:
+        return _can_preempt(s, state, entry, fr, amount, nominal)
+
+    def has_topology(flavor: str) -> bool:
+        return placement is not None and placement.has_topology(flavor)
+
+    return assign_flavors(
+        cluster_queue=state.spec,
+        node=state.node,
+        group_of=state.group_of,
+        flavors=s.flavors,
+        pod_sets=entry.workload.pod_sets,
+        counts=counts,
+        can_preempt=can_preempt,
+        has_topology=has_topology,
+        mismatch_cache=s.mismatch_cache,
+    )
+
+
+def _can_preempt(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    fr: FlavorResource,
+    amount: int,
+    nominal: int,
+) -> bool:
+    """Kueue's test for trying preemption on a flavor-resource that does not fit now."""
+    node = state.node
+    policy = state.spec.preemption
+    reclaim = policy.reclaim_within_cohort != PreemptionPolicy.NEVER and node.parent is not None
+    while_borrowing = policy.borrow_within_cohort.policy != PreemptionPolicy.NEVER or (
+        s.config.fair_sharing and reclaim
+    )
+    may_reclaim = node.parent is not None and not node.borrowing_with(fr, amount)
+    if not (amount <= nominal or may_reclaim or while_borrowing):
+        return False
+    if state.may_have_victims(entry.priority, entry.order_time):
+        return True
+    if not reclaim or not (while_borrowing or node.usage.get(fr, 0) < nominal):
+        # Classic reclaim only applies below nominal quota (Kueue's
+        # queueUnderNominalInResourcesNeedingPreemption).
+        return False
+    borrowers = node.root.borrowers.get(fr)
+    return borrowers is not None and (len(borrowers) > 1 or node not in borrowers)
+
+
+def _process(
+    s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment, out: _Out
+) -> None:
+    """Act on a nominated head: admit it, preempt for it, admit part of it, or park it."""
+    failure = ""
+    reason: PendingReason | None = None
+    blocking: Sequence[str] = ()
+    if assignment.mode == FitMode.FIT:
+        ok, topology, failure = _place(s, entry, assignment, reserve=True)
+        if ok:
+            _admit(s, state, entry, assignment, topology, out)
+            return
+        reason = PendingReason.TOPOLOGY_PLACEMENT_FAILED
+    elif assignment.mode == FitMode.PREEMPT:
+        targets = _targets(s, state, entry, assignment)
+        if targets:
+            _preempt(s, state, entry, assignment, targets, out)
+            return
+        failure = "no workloads to preempt"
+    if _partial_admission(s, state, entry, out):
+        return
+    if assignment.mode != FitMode.NO_FIT:
+        blocking = _holders(s, state, assignment)
+    _park(s, state, entry, assignment, reason, failure, blocking)
+
+
+def _targets(
+    s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment
+) -> list[Target]:
+    return find_targets(
+        preemptor=entry,
+        request=assignment.usage,
+        frs=assignment.preempt_frs,
+        tree=s.tree,
+        cq=state,
+        states=s.queues,
+        fair_sharing=s.config.fair_sharing_strategies if s.config.fair_sharing else None,
+        lendable_cache=s.lendable_cache,
+    )
+
+
+def _admit(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    assignment: Assignment,
+    topology: dict[str, object],
+    out: _Out,
+) -> None:
+    state.queue.pop(entry)
+    entry.phase = Phase.ADMITTED
+    entry.usage = assignment.usage
+    s.tree.add_usage(state.node, entry.usage)
+    state.add_admitted(entry)
+    entry.admission = assignment.admission(state.name, topology)
+    entry.admitted_at = out.now
+    _admitted_now(s, entry)
+    out.admitted.append(Admit(entry.key, entry.admission, out.now))
+
+
+def _admitted_now(s: Scheduler, entry: Entry) -> None:
+    entry.explanation = None
+    entry.requeue_at = 0
+    s.fresh.pop(entry.key, None)
+
+
+def _preempt(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    assignment: Assignment,
+    targets: list[Target],
+    out: _Out,
+) -> None:
+    """Issue preemptions; the preemptor's usage is claimed now so no one else takes it."""
+    state.queue.pop(entry)
+    entry.phase = Phase.CLAIMING
+    entry.usage = assignment.usage
+    entry.admission = assignment.admission(state.name)
+    freed: dict[FlavorResource, int] = {}
+    victims = []
+    for victim, why in targets:
+        vstate = s.queues[victim.cluster_queue or ""]
+        s.tree.remove_usage(vstate.node, victim.usage)
+        add_into(freed, victim.usage)
+        vstate.remove_admitted(victim)
+        victim.usage = {}
+        victim.phase = Phase.EVICTING
+        victim.claimed_by = entry.key
+        s.evicting[victim.key] = victim
+        entry.victims_pending.add(victim.key)
+        victims.append(Victim(victim.key, vstate.name, why))
+    s.tree.add_usage(state.node, entry.usage)
+    s.claims[entry.key] = entry
+    if any(amount > entry.usage.get(fr, 0) for fr, amount in freed.items()):
+        s.dirty_roots.add(state.node.root)
+    s._explain(
+        entry,
+        PendingReason.WAITING_FOR_PREEMPTED_WORKLOADS,
+        f"pending the preemption of {len(victims)} workload(s)",
+    )
+    out.preempted.append(Preempt(entry.key, state.name, tuple(victims), out.now))
+
+
+def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out: _Out) -> bool:
+    """``minCount``: admit the largest pod counts that fit (binary search), if any do."""
+    pod_sets = entry.workload.pod_sets
+    mins = [ps.count if ps.min_count is None else min(ps.min_count, ps.count) for ps in pod_sets]
+    deltas = [ps.count - low for ps, low in zip(pod_sets, mins, strict=True)]
+    top = max(deltas, default=0)
+    if top <= 0:
+        return False
+
+    def attempt(step: int) -> tuple[Assignment, list[Target]] | None:
+        counts = [low + delta * step // top for low, delta in zip(mins, deltas, strict=True)]
+        assignment = _assign(s, state, entry, out, counts)
+        if assignment.mode == FitMode.FIT:
+            if _place(s, entry, assignment, reserve=False)[0]:
+                return assignment, []
+            return None
+        if assignment.mode == FitMode.PREEMPT:
+            targets = _targets(s, state, entry, assignment)
+            if targets:
+                return assignment, targets
+        return None
+
+    best = attempt(0)
+    if best is None:
+        return False
+    low, high = 0, top - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        found = attempt(mid)
+        if found is None:
+            high = mid - 1
+        else:
+            low, best = mid, found
+    assignment, targets = best
+    if targets:
+        _preempt(s, state, entry, assignment, targets, out)
+        return True
+    ok, topology, _ = _place(s, entry, assignment, reserve=True)
+    if not ok:
+        return False
+    _admit(s, state, entry, assignment, topology, out)
+    return True
+
+
+def _holders(s: Scheduler, state: ClusterQueueState, assignment: Assignment) -> list[str]:
+    """Who holds the quota the workload needs: its queue's workloads, borrowing queues."""
+    frs = set(assignment.usage)
+    limit = s.config.blocking_limit
+    mine = [e for e in islice((e for e in state.running() if frs & e.usage.keys()), limit * 4)]
+    mine.sort(key=lambda e: (e.priority, -e.admitted_at, e.seq))
+    names = [e.key for e in mine[:limit]]
+    if state.node.parent is not None and len(names) < limit:
+        borrowers = state.node.root.borrowers
+        others = sorted({n.name for fr in frs for n in borrowers.get(fr, ())} - {state.name})
+        names.extend(f"ClusterQueue/{name} (borrowing)" for name in others[: limit - len(names)])
+    return names
+
+
+def _park(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    assignment: Assignment,
+    reason: PendingReason | None,
+    extra: str,
+    blocking: Sequence[str],
+) -> None:
+    message = assignment.message or extra
+    if extra and assignment.message:
+        message = f"{assignment.message}; {extra}"
+    explanation = Explanation(
+        workload=entry.key,
+        cluster_queue=state.name,
+        reason=reason or assignment.reason or PendingReason.WAITING_FOR_QUOTA,
+        message=message or "does not fit",
+        time=s.now,
+        pod_sets=assignment.explain(),
+        blocking=tuple(blocking),
+    )
+    entry.explanation = explanation
+    s.fresh[entry.key] = explanation
+    state.queue.park_head_class(entry)
+
+
+# -- topology ----------------------------------------------------------------------------
+
+
+def _needs_placement(s: Scheduler, pod_sets: Sequence[PodSetAssignment]) -> bool:
+    placement = s.placement
+    if placement is None:
+        return False
+    return any(placement.has_topology(f) for ps in pod_sets for f in ps.flavors.values())
+
+
+def _place(
+    s: Scheduler, entry: Entry, assignment: Assignment, *, reserve: bool
+) -> tuple[bool, dict[str, object], str]:
+    """Quota fits; does the gang also fit physically on every flavor with a topology?"""
+    placement = s.placement
+    if placement is None:
+        return True, {}, ""
+    by_flavor: dict[str, list[PlacementDemand]] = {}
+    for choice in assignment.pod_sets:
+        tas = sorted({f for f in choice.flavors.values() if placement.has_topology(f)})
+        if not tas:
+            continue
+        ps = choice.pod_set
+        by_flavor.setdefault(tas[0], []).append(
+            PlacementDemand(
+                name=ps.name,
+                count=choice.count,
+                requests=ps.requests,
+                topology=ps.topology,
+                tolerations=ps.tolerations,
+                node_selector=ps.node_selector,
+            )
+        )
+    return _place_groups(s, entry.key, by_flavor, reserve=reserve)
+
+
+def _place_admission(
+    s: Scheduler, entry: Entry, *, reserve: bool
+) -> tuple[bool, dict[str, object], str]:
+    placement = s.placement
+    assert placement is not None and entry.admission is not None
+    pod_sets = {ps.name: ps for ps in entry.workload.pod_sets}
+    by_flavor: dict[str, list[PlacementDemand]] = {}
+    for assigned in entry.admission.pod_sets:
+        tas = sorted({f for f in assigned.flavors.values() if placement.has_topology(f)})
+        if not tas:
+            continue
+        ps = pod_sets[assigned.name]
+        by_flavor.setdefault(tas[0], []).append(
+            PlacementDemand(
+                name=ps.name,
+                count=assigned.count,
+                requests=ps.requests,
+                topology=ps.topology,
+                tolerations=ps.tolerations,
+                node_selector=ps.node_selector,
+            )
+        )
+    return _place_groups(s, entry.key, by_flavor, reserve=reserve)
+
+
+def _place_groups(
+    s: Scheduler, key: str, by_flavor: dict[str, list[PlacementDemand]], *, reserve: bool
+) -> tuple[bool, dict[str, object], str]:
+    placement = s.placement
+    assert placement is not None
+    done: list[str] = []
+    topology: dict[str, object] = {}
+    for flavor in sorted(by_flavor):
+        demands = by_flavor[flavor]
+        if reserve:
+            answer = placement.reserve(flavor=flavor, key=key, pod_sets=demands)
+        else:
+            answer = placement.place(flavor=flavor, key=key, pod_sets=demands)
+        if not answer.ok:
+            for held in done:
+                placement.release(flavor=held, key=key)
+            return False, {}, f"topology placement failed on flavor {flavor}: {answer.reason}"
+        done.append(flavor)
+        topology.update(answer.assignments)
+    return True, topology, ""
+
+
+def _with_topology(admission: Admission, topology: dict[str, object]) -> Admission:
+    return replace(
+        admission,
+        pod_sets=tuple(
+            replace(ps, topology_assignment=topology.get(ps.name, ps.topology_assignment))
+            for ps in admission.pod_sets
+        ),
+    )

@@ -1,0 +1,199 @@
+"""A ClusterQueue's queue: priority, then FIFO, with inadmissible workloads parked.
+
+Pending workloads are grouped into classes of equal shape (``records.shape_of``); each class
+is a heap in FIFO order and the queue's head is the best head of the classes that are not
+parked. When the head cannot be admitted:
+
+* ``BestEffortFIFO`` parks its whole class (equal shapes would fail the same way) and the
+  next class's head becomes the head, so a small job can pass a big one;
+* ``StrictFIFO`` blocks the queue: nothing behind the head is tried.
+
+``wake`` unparks and unblocks; the scheduler calls it when something changed that could
+help (quota freed in the cohort tree, a spec changed). Parking and waking cost O(classes),
+not O(workloads), which keeps deep queues cheap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator
+
+from phalanx.admission.model import QueueingStrategy
+from phalanx.admission.records import Entry, Where
+
+__all__ = ["ClusterQueueQueue", "QueueClass"]
+
+
+class QueueClass:
+    """Pending workloads of one shape; all share one priority (it is part of the shape)."""
+
+    __slots__ = ("heap", "parked", "shape", "wake_hint")
+
+    def __init__(self, shape: Hashable) -> None:
+        self.shape = shape
+        self.heap: list[tuple[int, int, int, Entry]] = []
+        self.parked = False
+        # Set by the scheduler when parking: what the class needs before a retry can succeed.
+        self.wake_hint: object | None = None
+
+
+def _live(entry: Entry, cls: QueueClass, token: int) -> bool:
+    return entry.where == Where.QUEUED and entry.queue_class is cls and entry.queue_token == token
+
+
+class ClusterQueueQueue:
+    """The pending workloads of one ClusterQueue, in Kueue's order."""
+
+    __slots__ = (
+        "_classes",
+        "_heads",
+        "_parked",
+        "_pushes",
+        "_tokens",
+        "blocked",
+        "name",
+        "pending",
+        "strategy",
+    )
+
+    def __init__(self, name: str, strategy: QueueingStrategy) -> None:
+        self.name = name
+        self.strategy = strategy
+        self.pending = 0
+        self.blocked = False
+        self._classes: dict[Hashable, QueueClass] = {}
+        # (-priority, order_time, seq, push id, token, class, entry): the push id is unique,
+        # so comparisons never reach the class or entry objects.
+        self._heads: list[tuple[int, int, int, int, int, QueueClass, Entry]] = []
+        self._pushes = 0
+        self._parked: list[QueueClass] = []
+        self._tokens = 0
+
+    # -- membership --------------------------------------------------------------------------
+
+    def push(self, entry: Entry) -> None:
+        cls = self._classes.get(entry.shape)
+        if cls is None:
+            cls = QueueClass(entry.shape)
+            self._classes[entry.shape] = cls
+        self._tokens += 1
+        token = self._tokens
+        entry.queue_class = cls
+        entry.queue_token = token
+        entry.where = Where.QUEUED
+        self.pending += 1
+        heapq.heappush(cls.heap, (entry.order_time, entry.seq, token, entry))
+        if not cls.parked and cls.heap[0][3] is entry:
+            self._push_head(cls)
+        if self.blocked:
+            # A new arrival ahead of the blocked head is a new head that deserves a try.
+            self.blocked = False
+            head = self.head()
+            self.blocked = head is not entry
+
+    def discard(self, entry: Entry) -> None:
+        """Forget a queued workload (lazily: heap slots are skipped when reached)."""
+        if entry.where == Where.QUEUED and entry.queue_class is not None:
+            entry.where = Where.NOWHERE
+            entry.queue_class = None
+            self.pending -= 1
+
+    def head(self) -> Entry | None:
+        """The workload to try next, or None (empty, all parked, or blocked)."""
+        if self.blocked:
+            return None
+        heads = self._heads
+        while heads:
+            _, _, _, _, token, cls, entry = heads[0]
+            if not cls.parked and _live(entry, cls, token):
+                return entry
+            heapq.heappop(heads)
+            if not cls.parked and self._clean(cls) and cls.heap[0][3] is not entry:
+                self._push_head(cls)
+        return None
+
+    def _push_head(self, cls: QueueClass) -> None:
+        order_time, seq, token, entry = cls.heap[0]
+        self._pushes += 1
+        heapq.heappush(
+            self._heads, (-entry.priority, order_time, seq, self._pushes, token, cls, entry)
+        )
+
+    def pop(self, entry: Entry) -> None:
+        """Remove ``entry``, which must be the current head."""
+        cls = entry.queue_class
+        assert isinstance(cls, QueueClass)
+        heapq.heappop(self._heads)
+        heapq.heappop(cls.heap)
+        self.discard(entry)
+        if self._clean(cls):
+            self._push_head(cls)
+
+    @staticmethod
+    def _clean(cls: QueueClass) -> bool:
+        """Drop stale slots from the top of a class heap; whether it has a live head."""
+        heap = cls.heap
+        while heap:
+            top = heap[0]
+            if _live(top[3], cls, top[2]):
+                return True
+            heapq.heappop(heap)
+        return False
+
+    # -- parking -----------------------------------------------------------------------------
+
+    def park_head_class(self, entry: Entry, hint: object | None = None) -> None:
+        """The head cannot be admitted now: park its class (BestEffortFIFO) or block."""
+        if self.strategy == QueueingStrategy.STRICT_FIFO:
+            self.blocked = True
+            return
+        cls = entry.queue_class
+        assert isinstance(cls, QueueClass)
+        cls.parked = True
+        cls.wake_hint = hint
+        self._parked.append(cls)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether anything is parked or blocked (so a wake could make progress)."""
+        return self.blocked or bool(self._parked)
+
+    def parked_classes(self) -> list[QueueClass]:
+        return list(self._parked)
+
+    def wake(self, only: list[QueueClass] | None = None) -> bool:
+        """Unblock and unpark (all classes, or ``only`` those); whether a head may now exist."""
+        woke = self.blocked
+        self.blocked = False
+        targets = self._parked if only is None else only
+        for cls in targets:
+            if not cls.parked:
+                continue
+            cls.parked = False
+            cls.wake_hint = None
+            if self._clean(cls):
+                self._push_head(cls)
+                woke = True
+        if only is None:
+            self._parked = []
+        else:
+            self._parked = [cls for cls in self._parked if cls.parked]
+        return woke
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def entries(self) -> Iterator[Entry]:
+        """Every queued workload, in queue order (O(n log n); for status and tests)."""
+        live = [
+            (-e.priority, e.order_time, e.seq, e)
+            for cls in self._classes.values()
+            for _, _, token, e in cls.heap
+            if _live(e, cls, token)
+        ]
+        live.sort(key=lambda item: item[:3])
+        return (item[3] for item in live)
+
+    def compact(self) -> None:
+        """Drop empty classes (called rarely; classes are cheap to keep)."""
+        for shape in [s for s, c in self._classes.items() if not c.heap and not c.parked]:
+            del self._classes[shape]
