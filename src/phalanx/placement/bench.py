@@ -171,8 +171,8 @@ def format_report(report: BenchReport) -> str:
     ]
     width = max(len(label) for label, _ in rows) + 2
     names = [r.placer for r in report.quality]
-    col = max(12, *(len(n) + 2 for n in names))
-    lines.append(" " * width + "".join(n.rjust(col) for n in names))
+    cols = [max(10, len(n) + 2) for n in names]
+    lines.append(" " * width + "".join(n.rjust(c) for n, c in zip(names, cols, strict=True)))
     for label, attr in rows:
         cells = []
         for result in report.quality:
@@ -183,6 +183,8 @@ def format_report(report: BenchReport) -> str:
                 cells.append(f"{value:.1f}")
             else:
                 cells.append(f"{value:.1%}")
-        lines.append(label.ljust(width) + "".join(c.rjust(col) for c in cells))
+        lines.append(
+            label.ljust(width) + "".join(v.rjust(c) for v, c in zip(cells, cols, strict=True))
+        )
     lines.append(f"(gangs = jobs of 2+ pods: {report.quality[0].gangs} of {report.jobs})")
     return "\n".join(lines)
