@@ -197,6 +197,12 @@ class FlavorTopology:
         if result.placement is not None:
             requests = {ps.name: ps.requests for ps in gang.pod_sets}
             self._record(Reservation.from_placement(result.placement, requests))
+            _log.debug(
+                "event=placement_reserved flavor=%s gang=%s fit_levels=%s",
+                self.name,
+                gang.key,
+                ",".join(str(ps.fit_level) for ps in result.placement.pod_sets),
+            )
         return result
 
     def _record(self, reservation: Reservation) -> None:
@@ -213,6 +219,7 @@ class FlavorTopology:
             self._use(usage.node, normalize_requests(usage.requests), -usage.pods)
         if self._journals:
             self._journals[-1].append(("release", reservation))
+        _log.debug("event=placement_released flavor=%s gang=%s", self.name, key)
         return reservation
 
     def restore(self, reservation: Reservation) -> None:
@@ -307,6 +314,11 @@ class FlavorTopology:
             tolerations=tuple(tolerations),
             node_selector=dict(node_selector or {}),
         )
+        if level is not None and level not in self.levels:
+            raise ValueError(
+                f"level {level!r} is not a level of flavor {self.name}"
+                f" (levels: {', '.join(self.levels)})"
+            )
         shape = self.shape(probe)
         depth = 1 if level is None else self.levels.index(level) + 1
         return {path: shape.cap.get(path, 0) for path in self.domains_at(depth)}

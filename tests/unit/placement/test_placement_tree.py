@@ -165,3 +165,9 @@ def test_levels_without_hostname_plan_pods_on_nodes_of_the_lowest_domain() -> No
     ps = result.placement.pod_sets[0]
     assert ps.assignment_levels() == (BLOCK, RACK)
     assert ps.domain_counts() == ((("b0", "r0"), 3),)
+
+
+def test_free_capacity_names_the_levels_for_an_unknown_level() -> None:
+    topo = make_topology(blocks=1, racks=1, hosts=1)
+    with pytest.raises(ValueError, match="not a level of flavor gpu"):
+        topo.free_capacity({GPU: 1}, level="example.com/zone")
