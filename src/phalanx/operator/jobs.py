@@ -17,6 +17,8 @@ from typing import Any
 __all__ = [
     "JOB_MIN_PARALLELISM_ANNOTATION",
     "JOB_UID_LABEL",
+    "MAIN_POD_SET",
+    "PODSET_LABEL",
     "PRIORITY_CLASS_LABEL",
     "QUEUE_LABEL",
     "TOPOLOGY_GATE",
@@ -29,6 +31,7 @@ __all__ = [
     "queue_name",
     "resolve_priority",
     "restore_patch",
+    "workload_count",
     "workload_for_job",
     "workload_name",
 ]
@@ -61,6 +64,13 @@ def workload_name(job_name: str, job_uid: str) -> str:
     ).hexdigest()
     prefix = f"job-{job_name}"[: _MAX_NAME - 1 - _HASH_LENGTH]
     return f"{prefix}-{digest[:_HASH_LENGTH]}"
+
+
+def workload_count(workload: Mapping[str, Any], pod_set: str = MAIN_POD_SET) -> int:
+    for ps in (workload.get("spec") or {}).get("podSets") or ():
+        if ps.get("name") == pod_set:
+            return int(ps.get("count", 1))
+    return 0
 
 
 def queue_name(job: Mapping[str, Any]) -> str | None:

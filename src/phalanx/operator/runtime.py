@@ -9,16 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from phalanx.operator import kubeconfig
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.informer import Informer
+from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, KubeApi, Resource
+from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.queuestatus import QueueStatus
 from phalanx.operator.state import ClusterState
+from phalanx.operator.ungate import GateRemover
 from phalanx.operator.validation import validate_object
+from phalanx.operator.writer import StatusWriter
 
 __all__ = ["PhalanxOperator"]
 
@@ -40,6 +45,7 @@ class PhalanxOperator:
         self._tasks: list[asyncio.Task[Any]] = []
         self._components: list[Any] = []
         self._started = False
+        self.synced_event = asyncio.Event()
 
     @property
     def synced(self) -> bool:
@@ -61,16 +67,45 @@ class PhalanxOperator:
         self.api = KubeApi(self.auth)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, addr=self.config.metrics_addr)
+        # Components subscribe to the state before the informers deliver anything.
+        self.writer = StatusWriter(
+            self.api,
+            self.state,
+            self.metrics,
+            pending_min_interval=self.config.pending_message_min_interval,
+        )
+        self.jobs = (
+            JobController(self.api, self.state, self.writer, self.metrics, ready=self.synced_event)
+            if self.config.manage_jobs
+            else None
+        )
+        self.ungate = GateRemover(self.api, self.state, self.metrics)
+        self.loop = SchedulingLoop(
+            api=self.api,
+            state=self.state,
+            writer=self.writer,
+            jobs=self.jobs,
+            metrics=self.metrics,
+            config=self.config,
+            validator=self.validate_object,
+            wait_synced=self.wait_synced,
+        )
+        self.queue_status = QueueStatus(
+            self.api, self.state, self.metrics, interval=self.config.status_flush_seconds
+        )
+        loop = self.loop
+        self.loop.on_cycle.append(
+            lambda _result: self.queue_status.snapshot(loop.scheduler, loop.bridge.invalid_admin)
+        )
+        self._components = [
+            c for c in (self.writer, self.jobs, self.ungate, self.queue_status, self.loop) if c
+        ]
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
-        for factory in _COMPONENT_FACTORIES:
-            component = factory(self)
-            self._components.append(component)
-            start = getattr(component, "start", None)
-            if start is not None:
-                start()
+        for component in self._components:
+            component.start()
         logger.info(
             "event=operator_started server=%s namespaces=%s",
             self.auth.server,
@@ -104,6 +139,7 @@ class PhalanxOperator:
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        self.synced_event.set()
 
     async def cleanup(self) -> None:
         for component in reversed(self._components):
@@ -128,8 +164,3 @@ def _log_crash(task: asyncio.Task[Any]) -> None:
     error = task.exception()
     if error is not None:
         logger.error("event=task_crashed task=%s error=%r", task.get_name(), error)
-
-
-# Components (controllers, the scheduling loop) created at startup, in order; each is a
-# callable taking the operator and returning an object with optional start()/async stop().
-_COMPONENT_FACTORIES: list[Callable[[PhalanxOperator], Any]] = []

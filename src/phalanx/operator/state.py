@@ -75,8 +75,10 @@ class ClusterState:
             current: dict[str, Any] | None = None
         else:
             old = store.get(key)
-            if old is not None and _same_version(old, obj):
-                return  # a relist or a duplicate delivery: nothing new
+            if old is not None and not _newer(old, obj):
+                # A relist, a duplicate, or the watch echo of a write whose response the
+                # operator already recorded: nothing new.
+                return
             store[key] = obj
             current = obj
         self._dirty[kind].add(key)
@@ -128,6 +130,18 @@ class ClusterState:
         return len(self.objects[kind])
 
 
-def _same_version(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def _newer(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether ``new`` is a later version than ``old``.
+
+    resourceVersions are opaque by contract, but every Kubernetes release backs them with
+    etcd's integer revision; comparing them as integers lets the operator record its own
+    write responses immediately without a late watch event rolling the object back. A
+    non-integer version is compared for equality only.
+    """
     old_rv = (old.get("metadata") or {}).get("resourceVersion")
-    return old_rv is not None and old_rv == (new.get("metadata") or {}).get("resourceVersion")
+    new_rv = (new.get("metadata") or {}).get("resourceVersion")
+    if old_rv is None or new_rv is None:
+        return True
+    if old_rv.isdigit() and new_rv.isdigit():
+        return int(new_rv) > int(old_rv)
+    return bool(old_rv != new_rv)

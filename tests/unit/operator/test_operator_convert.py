@@ -193,3 +193,24 @@ def test_node_and_pod_usage() -> None:
     assert convert.pod_usage(pod) == ("u1", "n1", {"cpu": 1000})
     pod["status"]["phase"] = "Succeeded"
     assert convert.pod_usage(pod) is None
+
+
+def test_topology_assignment_is_written_in_kueue_wire_form_and_read_back() -> None:
+    from phalanx.placement import decode_topology_assignment, encode_topology_assignment
+
+    levels = ["kubernetes.io/hostname"]
+    domains = [(("gpu-b0-r0-h0",), 1), (("gpu-b0-r0-h1",), 1), (("gpu-b0-r0-h3",), 1)]
+    wire = convert.kueue_topology_assignment(encode_topology_assignment(levels, domains))
+    (piece,) = wire["slices"]
+    assert piece["universalPodCount"] == 1 and "podCounts" not in piece
+    assert piece["valuesPerLevel"][0]["prefix"] == "gpu-b0-r0-h"
+    assert piece["valuesPerLevel"][0]["roots"] == ["0", "1", "3"]
+    # Already in wire form: unchanged.
+    assert convert.kueue_topology_assignment(wire) == wire
+    decoded = decode_topology_assignment(convert.nested_topology_assignment(wire))
+    assert decoded == (tuple(levels), tuple(domains))
+    uneven = convert.kueue_topology_assignment(
+        encode_topology_assignment(["rack"], [(("r1",), 3), (("r1",), 2)])
+    )
+    assert uneven["slices"][0]["podCounts"] == [3, 2]
+    assert uneven["slices"][0]["valuesPerLevel"] == [{"universalValue": "r1"}]

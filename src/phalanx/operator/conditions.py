@@ -1,0 +1,251 @@
+"""Workload status as Kueue writes it: conditions, reasons and messages, as pure functions.
+
+Each function takes the Workload's current conditions and returns the new list; a condition's
+``lastTransitionTime`` only moves when its status changes, as metav1.Condition requires.
+Phalanx writes status with server-side apply under its own field manager, so conditions that
+others own (Kueue's performance runner sets ``Finished``) are never overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "ADMITTED",
+    "EVICTED",
+    "FINISHED",
+    "MANAGED_TYPES",
+    "PODS_READY",
+    "PREEMPTED",
+    "QUOTA_RESERVED",
+    "REQUEUED",
+    "admitted",
+    "condition",
+    "evicted",
+    "eviction_done",
+    "finished",
+    "is_true",
+    "pending",
+    "pods_ready",
+    "rfc3339",
+    "set_condition",
+    "truncate",
+]
+
+QUOTA_RESERVED = "QuotaReserved"
+ADMITTED = "Admitted"
+PODS_READY = "PodsReady"
+EVICTED = "Evicted"
+PREEMPTED = "Preempted"
+REQUEUED = "Requeued"
+FINISHED = "Finished"
+MANAGED_TYPES = (QUOTA_RESERVED, ADMITTED, PODS_READY, EVICTED, PREEMPTED, REQUEUED, FINISHED)
+
+# metav1.Condition.message is at most 32768 bytes; Kueue truncates to 1024 for readability.
+_MESSAGE_LIMIT = 1024
+Condition = dict[str, Any]
+
+
+def rfc3339(now_ms: int) -> str:
+    return (
+        datetime.datetime.fromtimestamp(now_ms / 1000, tz=datetime.UTC)
+        .replace(microsecond=0)
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
+
+
+def truncate(message: str) -> str:
+    if len(message) <= _MESSAGE_LIMIT:
+        return message
+    return message[: _MESSAGE_LIMIT - 3] + "..."
+
+
+def condition(conditions: Iterable[Mapping[str, Any]] | None, kind: str) -> Condition | None:
+    for c in conditions or ():
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
+def is_true(conditions: Iterable[Mapping[str, Any]] | None, kind: str) -> bool:
+    c = condition(conditions, kind)
+    return c is not None and c.get("status") == "True"
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    kind: str,
+    *,
+    status: bool,
+    reason: str,
+    message: str,
+    now_ms: int,
+    generation: int | None = None,
+) -> list[Condition]:
+    """Return ``conditions`` with ``kind`` set; its transition time moves only on a change."""
+    text = "True" if status else "False"
+    out: list[Condition] = []
+    found = False
+    for c in conditions or ():
+        if c.get("type") != kind:
+            out.append(dict(c))
+            continue
+        found = True
+        updated = dict(c)
+        if c.get("status") != text:
+            updated["lastTransitionTime"] = rfc3339(now_ms)
+        updated.update(status=text, reason=reason, message=truncate(message))
+        if generation is not None:
+            updated["observedGeneration"] = generation
+        out.append(updated)
+    if not found:
+        new: Condition = {
+            "type": kind,
+            "status": text,
+            "reason": reason,
+            "message": truncate(message),
+            "lastTransitionTime": rfc3339(now_ms),
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        out.append(new)
+    return out
+
+
+def pending(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    *,
+    inadmissible: bool,
+    message: str,
+    now_ms: int,
+) -> list[Condition]:
+    """Not admitted: ``QuotaReserved=False`` with why (Kueue: Pending or Inadmissible)."""
+    return set_condition(
+        conditions,
+        QUOTA_RESERVED,
+        status=False,
+        reason="Inadmissible" if inadmissible else "Pending",
+        message=message,
+        now_ms=now_ms,
+    )
+
+
+def admitted(
+    conditions: Sequence[Mapping[str, Any]] | None, *, cluster_queue: str, now_ms: int
+) -> list[Condition]:
+    out = set_condition(
+        conditions,
+        QUOTA_RESERVED,
+        status=True,
+        reason="QuotaReserved",
+        message=f"Quota reserved in ClusterQueue {cluster_queue}",
+        now_ms=now_ms,
+    )
+    out = set_condition(
+        out,
+        ADMITTED,
+        status=True,
+        reason="Admitted",
+        message="The workload is admitted",
+        now_ms=now_ms,
+    )
+    # Kueue resets an earlier eviction when the workload gets quota again.
+    for kind in (EVICTED, PREEMPTED):
+        previous = condition(out, kind)
+        if previous is not None and previous.get("status") == "True":
+            out = set_condition(
+                out,
+                kind,
+                status=False,
+                reason="QuotaReserved",
+                message=f"Previously: {previous.get('message', '')}",
+                now_ms=now_ms,
+            )
+    return out
+
+
+def evicted(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    *,
+    reason: str,
+    message: str,
+    now_ms: int,
+    preemption_reason: str | None = None,
+) -> list[Condition]:
+    """``Evicted=True`` (and ``Preempted=True`` when preempted); quota is still held until
+    the workload's pods are gone (:func:`eviction_done`)."""
+    out = set_condition(
+        conditions, EVICTED, status=True, reason=reason, message=message, now_ms=now_ms
+    )
+    if preemption_reason is not None:
+        out = set_condition(
+            out, PREEMPTED, status=True, reason=preemption_reason, message=message, now_ms=now_ms
+        )
+    return out
+
+
+def eviction_done(
+    conditions: Sequence[Mapping[str, Any]] | None, *, reason: str, now_ms: int
+) -> list[Condition]:
+    """The evicted workload released its quota and waits in its queue again."""
+    out = set_condition(
+        conditions,
+        QUOTA_RESERVED,
+        status=False,
+        reason="Pending",
+        message=f"Evicted ({reason}); waiting to be admitted again",
+        now_ms=now_ms,
+    )
+    out = set_condition(
+        out,
+        ADMITTED,
+        status=False,
+        reason="NoReservation",
+        message="The workload has no reservation",
+        now_ms=now_ms,
+    )
+    return set_condition(
+        out,
+        REQUEUED,
+        status=True,
+        reason=reason,
+        message=f"Requeued after eviction ({reason})",
+        now_ms=now_ms,
+    )
+
+
+def pods_ready(
+    conditions: Sequence[Mapping[str, Any]] | None, *, ready: bool, now_ms: int
+) -> list[Condition]:
+    if ready:
+        return set_condition(
+            conditions,
+            PODS_READY,
+            status=True,
+            reason="Started",
+            message="All pods reached readiness and the workload is running",
+            now_ms=now_ms,
+        )
+    return set_condition(
+        conditions,
+        PODS_READY,
+        status=False,
+        reason="WaitForStart",
+        message="Not all pods are ready or succeeded",
+        now_ms=now_ms,
+    )
+
+
+def finished(
+    conditions: Sequence[Mapping[str, Any]] | None, *, succeeded: bool, message: str, now_ms: int
+) -> list[Condition]:
+    return set_condition(
+        conditions,
+        FINISHED,
+        status=True,
+        reason="Succeeded" if succeeded else "Failed",
+        message=message,
+        now_ms=now_ms,
+    )

@@ -1,0 +1,370 @@
+"""The batch/v1 Job controller: Workload per queued Job, start on admission, stop on eviction,
+finish on completion.
+
+It reconciles one Job at a time from the cached state (a change to a Job or to its Workload
+queues the Job), performs at most one write per pass, and lets the write's echo bring it back
+for the next step, so every step is idempotent and a restart resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from phalanx.operator import conditions as cond
+from phalanx.operator import jobs
+from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
+from phalanx.operator.metrics import Metrics
+from phalanx.operator.state import ClusterState
+from phalanx.operator.writer import StatusWriter, owned_conditions
+
+__all__ = ["JobController"]
+
+logger = logging.getLogger(__name__)
+
+
+class JobController:
+    def __init__(
+        self,
+        api: KubeApi,
+        state: ClusterState,
+        writer: StatusWriter,
+        metrics: Metrics,
+        *,
+        ready: asyncio.Event | None = None,
+        concurrency: int = 8,
+    ) -> None:
+        self.api = api
+        self.state = state
+        self.writer = writer
+        self.metrics = metrics
+        self.concurrency = concurrency
+        # Nothing is written before every informer has listed: a Job's Workload may exist.
+        self.ready = ready or asyncio.Event()
+        if ready is None:
+            self.ready.set()
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._owner_of: dict[str, str] = {}  # workload key -> job key
+        self._tasks: list[asyncio.Task[Any]] = []
+        state.subscribe(self._on_change)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(self.concurrency):
+            self._tasks.append(loop.create_task(self._worker(), name=f"phalanx-jobs-{i}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- change routing -------------------------------------------------------------------------
+
+    def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
+        if kind == "Job":
+            if obj is not None:
+                self._owner_of[_workload_key(obj)] = key
+            self._enqueue(key)
+        elif kind == "Workload":
+            job_key = self._owner_of.get(key)
+            if job_key is None and obj is not None:
+                job_key = _owner_job_key(obj)
+            if job_key is not None:
+                self._enqueue(job_key)
+
+    def _enqueue(self, job_key: str) -> None:
+        if job_key not in self._queued:
+            self._queued.add(job_key)
+            self._queue.put_nowait(job_key)
+
+    def requeue_all(self) -> None:
+        for key in list(self.state.objects["Job"]):
+            self._enqueue(key)
+
+    async def _worker(self) -> None:
+        await self.ready.wait()
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("event=job_reconcile_failed job=%s", key)
+
+    # -- what the scheduling loop asks ----------------------------------------------------------
+
+    def job_of(self, workload: dict[str, Any]) -> dict[str, Any] | None:
+        job_key = _owner_job_key(workload)
+        return self.state.get("Job", job_key) if job_key else None
+
+    def is_job_owned(self, workload: dict[str, Any]) -> bool:
+        return _owner_job_key(workload) is not None
+
+    def job_stopped(self, workload: dict[str, Any]) -> bool:
+        """An evicted Workload's Job is suspended and has no running pods (or is gone)."""
+        job = self.job_of(workload)
+        if job is None:
+            return True
+        spec = job.get("spec") or {}
+        status = job.get("status") or {}
+        return bool(spec.get("suspend")) and not status.get("active")
+
+    # -- reconcile ------------------------------------------------------------------------------
+
+    async def reconcile(self, job_key: str) -> None:
+        job = self.state.get("Job", job_key)
+        if job is None:
+            return
+        if jobs.queue_name(job) is None:
+            return
+        wl_key = _workload_key(job)
+        workload = self.state.get("Workload", wl_key)
+        spec = job.get("spec") or {}
+        if workload is None:
+            await self._create_workload(job)
+            return
+        status = workload.get("status") or {}
+        conditions = status.get("conditions") or []
+        finish = jobs.job_finish(job)
+        if finish is not None:
+            if not cond.is_true(conditions, cond.FINISHED):
+                await self._finish(wl_key, finish)
+            return
+        if cond.is_true(conditions, cond.FINISHED):
+            return
+        admitted = cond.is_true(conditions, cond.ADMITTED) and status.get("admission")
+        evicted = cond.is_true(conditions, cond.EVICTED)
+        if admitted and evicted:
+            if not spec.get("suspend"):
+                await self._stop_job(job, workload)
+            elif (job.get("status") or {}).get("startTime"):
+                await self._clear_start_time(job)
+            elif _template_injected(job):
+                await self._restore_template(job, workload)
+            return
+        if admitted:
+            if spec.get("suspend"):
+                await self._start_job(job, workload, status["admission"])
+            else:
+                await self._sync_pods_ready(wl_key, job, workload)
+            return
+        # Not admitted: the Job must stay (or be put back) suspended, with its own template.
+        if not spec.get("suspend"):
+            await self._stop_job(job, workload)
+        elif _template_injected(job) and not (job.get("status") or {}).get("startTime"):
+            await self._restore_template(job, workload)
+
+    async def _create_workload(self, job: dict[str, Any]) -> None:
+        if not (job.get("spec") or {}).get("suspend"):
+            # Created while the webhook was unavailable: suspend it before anything runs.
+            await self._patch_job(
+                job, [{"op": "add", "path": "/spec/suspend", "value": True}], "suspend"
+            )
+        priority = jobs.resolve_priority(
+            job,
+            workload_priority_classes={
+                name: int(o.get("value", 0))
+                for name, o in self.state.objects["WorkloadPriorityClass"].items()
+            },
+            priority_classes={
+                name: int(o.get("value", 0))
+                for name, o in self.state.objects["PriorityClass"].items()
+            },
+        )
+        body = jobs.workload_for_job(job, priority=priority)
+        namespace = job["metadata"]["namespace"]
+        try:
+            created = await self.api.create(WORKLOADS, body, namespace=namespace)
+            self.metrics.api_write("Workload", "create", ok=True)
+            self.state.apply("Workload", "ADDED", created)
+            logger.info(
+                "event=workload_created job=%s/%s workload=%s",
+                namespace,
+                job["metadata"]["name"],
+                body["metadata"]["name"],
+            )
+        except ApiError as error:
+            if error.conflict:
+                return  # created by an earlier pass; its watch event is on the way
+            self.metrics.api_write("Workload", "create", ok=False)
+            logger.warning(
+                "event=workload_create_failed job=%s/%s error=%r",
+                namespace,
+                job["metadata"]["name"],
+                str(error),
+            )
+            await self.writer.event(
+                job, reason="CreatedWorkloadFailed", message=str(error), warning=True
+            )
+
+    async def _start_job(
+        self, job: dict[str, Any], workload: dict[str, Any], admission: dict[str, Any]
+    ) -> None:
+        assignments = admission.get("podSetAssignments") or []
+        psa = next((a for a in assignments if a.get("name") == jobs.MAIN_POD_SET), None)
+        if psa is None:
+            return
+        node_labels: dict[str, str] = {}
+        tolerations: list[dict[str, Any]] = []
+        for flavor_name in sorted(set((psa.get("flavors") or {}).values())):
+            flavor = self.state.get("ResourceFlavor", flavor_name) or {}
+            fspec = flavor.get("spec") or {}
+            node_labels.update(fspec.get("nodeLabels") or {})
+            for toleration in fspec.get("tolerations") or ():
+                if toleration not in tolerations:
+                    tolerations.append(toleration)
+        injection = jobs.FlavorInjection(
+            pod_set=jobs.MAIN_POD_SET,
+            count=int(psa.get("count") or 0) or jobs.workload_count(workload),
+            node_labels=node_labels,
+            tolerations=tolerations,
+            topology_gated=bool(psa.get("topologyAssignment")),
+        )
+        patch = jobs.admission_patch(
+            job, workload_name_=workload["metadata"]["name"], injection=injection
+        )
+        if await self._patch_job(job, patch, "start"):
+            logger.info(
+                "event=job_started job=%s/%s flavors=%s",
+                job["metadata"]["namespace"],
+                job["metadata"]["name"],
+                ",".join(sorted(set((psa.get("flavors") or {}).values()))),
+            )
+
+    async def _stop_job(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
+        if await self._patch_job(
+            job, [{"op": "add", "path": "/spec/suspend", "value": True}], "suspend"
+        ):
+            logger.info(
+                "event=job_suspended job=%s/%s",
+                job["metadata"]["namespace"],
+                job["metadata"]["name"],
+            )
+
+    async def _clear_start_time(self, job: dict[str, Any]) -> None:
+        # The Job controller keeps startTime on a suspended Job; the template becomes mutable
+        # again only without it (Kueue does the same before restoring).
+        metadata = job["metadata"]
+        try:
+            updated = await self.api.patch(
+                JOBS,
+                metadata["name"],
+                {"status": {"startTime": None}},
+                namespace=metadata["namespace"],
+                subresource="status",
+            )
+            self.metrics.api_write("Job", "status", ok=True)
+            self.state.apply("Job", "MODIFIED", updated)
+        except ApiError as error:
+            self.metrics.api_write("Job", "status", ok=False)
+            logger.warning("event=job_status_failed job=%s error=%r", metadata["name"], str(error))
+
+    async def _restore_template(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
+        pod_sets = (workload.get("spec") or {}).get("podSets") or []
+        main = next((p for p in pod_sets if p.get("name") == jobs.MAIN_POD_SET), None)
+        if main is None:
+            return
+        patch = jobs.restore_patch(
+            job,
+            original_template=main.get("template") or {},
+            original_parallelism=int(main.get("count", 1)),
+        )
+        await self._patch_job(job, patch, "restore")
+
+    async def _finish(self, wl_key: str, finish: jobs.JobFinish) -> None:
+        now = int(time.time() * 1000)
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            if cond.is_true((current.get("status") or {}).get("conditions"), cond.FINISHED):
+                return None
+            status: dict[str, Any] = {
+                "conditions": cond.finished(
+                    owned_conditions(current),
+                    succeeded=finish.succeeded,
+                    message=finish.message,
+                    now_ms=now,
+                )
+            }
+            admission = (current.get("status") or {}).get("admission")
+            if admission:
+                status["admission"] = admission
+            return status
+
+        outcome = await self.writer.apply_status(wl_key, build, verb="finish")
+        if outcome.ok:
+            logger.info("event=workload_finished workload=%s reason=%s", wl_key, finish.reason)
+
+    async def _sync_pods_ready(
+        self, wl_key: str, job: dict[str, Any], workload: dict[str, Any]
+    ) -> None:
+        status = job.get("status") or {}
+        spec = job.get("spec") or {}
+        want = int(spec.get("parallelism") or 1)
+        ready = int(status.get("ready") or 0) + int(status.get("succeeded") or 0) >= want
+        current = cond.condition((workload.get("status") or {}).get("conditions"), cond.PODS_READY)
+        if current is not None and (current.get("status") == "True") == ready:
+            return
+        now = int(time.time() * 1000)
+
+        def build(wl: dict[str, Any]) -> dict[str, Any] | None:
+            wl_status = wl.get("status") or {}
+            if not wl_status.get("admission"):
+                return None
+            return {
+                "conditions": cond.pods_ready(owned_conditions(wl), ready=ready, now_ms=now),
+                "admission": wl_status["admission"],
+            }
+
+        await self.writer.apply_status(wl_key, build, verb="podsready")
+
+    async def _patch_job(self, job: dict[str, Any], patch: list[dict[str, Any]], verb: str) -> bool:
+        metadata = job["metadata"]
+        try:
+            updated = await self.api.patch(
+                JOBS,
+                metadata["name"],
+                patch,
+                namespace=metadata["namespace"],
+                content_type=JSON_PATCH,
+            )
+        except ApiError as error:
+            self.metrics.api_write("Job", verb, ok=False)
+            if not error.not_found:
+                logger.warning(
+                    "event=job_patch_failed job=%s/%s verb=%s error=%r",
+                    metadata["namespace"],
+                    metadata["name"],
+                    verb,
+                    str(error),
+                )
+            return False
+        self.metrics.api_write("Job", verb, ok=True)
+        self.state.apply("Job", "MODIFIED", updated)
+        return True
+
+
+def _workload_key(job: dict[str, Any]) -> str:
+    metadata = job["metadata"]
+    return f"{metadata['namespace']}/{jobs.workload_name(metadata['name'], metadata['uid'])}"
+
+
+def _owner_job_key(workload: dict[str, Any]) -> str | None:
+    metadata = workload.get("metadata") or {}
+    for owner in metadata.get("ownerReferences") or ():
+        if owner.get("kind") == "Job" and owner.get("apiVersion") == "batch/v1":
+            return f"{metadata.get('namespace')}/{owner.get('name')}"
+    return None
+
+
+def _template_injected(job: dict[str, Any]) -> bool:
+    template = (job.get("spec") or {}).get("template") or {}
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    return jobs.WORKLOAD_ANNOTATION in annotations

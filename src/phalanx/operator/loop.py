@@ -1,0 +1,384 @@
+"""The scheduling loop: coalesce changes, run a core cycle, apply its decisions.
+
+One asyncio task. Each pass:
+
+1. waits until something changed (or a periodic tick, for backoff expiries and timeouts),
+   then lets a short window pass so a burst of events shares one cycle;
+2. hands the changed objects to the core (:class:`CoreBridge`), together with the results of
+   writes that failed since the last pass;
+3. completes evictions whose pods are gone;
+4. runs ``Scheduler.run_cycle`` in a worker thread, so a long cycle never stalls the event
+   loop (the core is only touched here, between cycles);
+5. applies the decisions the way a cache-backed controller must: the core already recorded
+   them (state first), then the API writes run as tasks; a failed admission write makes the
+   core forget the admission and requeue the workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.admission.decisions import Admit, CycleResult, PendingReason
+from phalanx.admission.records import Phase
+from phalanx.admission.scheduler import Scheduler, SchedulerConfig
+from phalanx.api import convert
+from phalanx.operator import conditions as cond
+from phalanx.operator.bridge import CoreBridge
+from phalanx.operator.config import OperatorConfig
+from phalanx.operator.jobsync import JobController
+from phalanx.operator.kube import KubeApi, Resource
+from phalanx.operator.metrics import Metrics
+from phalanx.operator.oracle import TopologyOracle
+from phalanx.operator.state import ClusterState
+from phalanx.operator.writer import StatusWriter, owned_conditions
+
+__all__ = ["Eviction", "SchedulingLoop"]
+
+logger = logging.getLogger(__name__)
+
+_INADMISSIBLE = frozenset(
+    {
+        PendingReason.LOCAL_QUEUE_NOT_FOUND,
+        PendingReason.CLUSTER_QUEUE_NOT_FOUND,
+        PendingReason.CLUSTER_QUEUE_INACTIVE,
+        PendingReason.LOCAL_QUEUE_STOPPED,
+        PendingReason.NAMESPACE_MISMATCH,
+        PendingReason.INACTIVE_WORKLOAD,
+    }
+)
+_ADMIN_RESOURCES = (
+    (Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False), "ResourceFlavor"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "topologies", namespaced=False), "Topology"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "cohorts", namespaced=False), "Cohort"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", namespaced=False), "ClusterQueue"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "localqueues"), "LocalQueue"),
+    (
+        Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False),
+        "WorkloadPriorityClass",
+    ),
+    (Resource("", "v1", "namespaces", namespaced=False), "Namespace"),
+    (Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False), "PriorityClass"),
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Eviction:
+    """An eviction in progress: the Workload holds its quota until its pods are gone."""
+
+    reason: str
+    message: str
+    cluster_queue: str
+    preemption_reason: str | None = None
+    backoff: bool = False
+    written: bool = False
+
+
+class SchedulingLoop:
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        state: ClusterState,
+        writer: StatusWriter,
+        jobs: JobController | None,
+        metrics: Metrics,
+        config: OperatorConfig,
+        validator: Callable[[dict[str, Any]], list[str]] | None = None,
+        wait_synced: Callable[[], Any] | None = None,
+    ) -> None:
+        self.api = api
+        self.state = state
+        self.writer = writer
+        self.jobs = jobs
+        self.metrics = metrics
+        self.config = config
+        self.oracle = TopologyOracle()
+        pods_ready = config.wait_for_pods_ready
+        self.scheduler = Scheduler(
+            config=SchedulerConfig(
+                backoff_base_ms=int(pods_ready.backoff_base_seconds * 1000),
+                backoff_max_ms=int(pods_ready.backoff_max_seconds * 1000),
+            ),
+            placement=self.oracle,
+        )
+        self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
+        writer.pending_allowed = self._still_pending
+        self.evicting: dict[str, Eviction] = {}
+        self._failed: list[tuple[str, int]] = []  # (workload key, HTTP status) of failed admits
+        self._wait_synced = wait_synced
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ready = asyncio.Event()
+        self.cycles = 0
+        self.tick_seconds = 2.0
+        self.on_cycle: list[Callable[[CycleResult], None]] = []
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="phalanx-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _still_pending(self, key: str) -> bool:
+        # Read from writer tasks; a dict lookup and an attribute read, safe beside a cycle.
+        return (
+            self.scheduler.phase(key) in (Phase.PENDING, None)
+            and key not in self.bridge.in_flight_admissions
+        )
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if self._wait_synced is not None:
+            await self._wait_synced()
+        await self._prime_admin_kinds()
+        first = self._sync()
+        logger.info(
+            "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
+            self.state.count("Workload"),
+            len(first.restored),
+            len(self.scheduler.queues),
+        )
+        self.ready.set()
+        await self._cycle()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.state.wait_changed(), timeout=self.tick_seconds)
+            await asyncio.sleep(self.config.cycle_min_interval)
+            self._sync()
+            await self._cycle()
+
+    async def _prime_admin_kinds(self) -> None:
+        """Read the admin kinds once before the first cycle, so a restart never schedules
+        against a partial picture while kopf is still listing them (duplicates are dropped
+        by resourceVersion when kopf delivers them)."""
+        for resource, kind in _ADMIN_RESOURCES:
+            try:
+                for obj in await self.api.list_all(resource):
+                    self.state.apply(kind, None, obj)
+            except Exception as error:  # a missing CRD must not stop the operator
+                logger.warning("event=prime_failed kind=%s error=%r", kind, error)
+
+    def _sync(self) -> Any:
+        now = now_ms()
+        for key, status in self._failed:
+            if status == 404:
+                self.scheduler.delete_workload(key)
+            else:
+                # Forget the admission the API never recorded; the workload queues again.
+                self.scheduler.workload_evicted(key, now=now)
+        self._failed.clear()
+        result = self.bridge.sync(self.state.drain(), now_ms=now)
+        for key in result.evicted_elsewhere:
+            self.evicting.pop(key, None)
+        for key, reason in result.resume_eviction.items():
+            self.evicting.setdefault(
+                key, Eviction(reason=reason, message="", cluster_queue="", written=True)
+            )
+        for key, message in result.invalid.items():
+            self.writer.explain(key, message=f"invalid workload: {message}", inadmissible=True)
+        self._progress_evictions(now)
+        return result
+
+    async def _cycle(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        result = await loop.run_in_executor(None, self.scheduler.run_cycle, now_ms())
+        elapsed = time.perf_counter() - started
+        self.cycles += 1
+        self.metrics.cycle_duration.observe(elapsed)
+        if result.decisions:
+            logger.info(
+                "event=cycle admitted=%d preempted=%d evicted=%d pending_explained=%d seconds=%.4f",
+                len(result.admitted),
+                len(result.preempted),
+                len(result.evicted),
+                len(result.pending),
+                elapsed,
+            )
+        self._apply(result)
+        for callback in self.on_cycle:
+            callback(result)
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    def _apply(self, result: CycleResult) -> None:
+        for admit in result.admitted:
+            self.bridge.in_flight_admissions.add(admit.workload)
+            self.writer.forget(admit.workload)
+            self._spawn(self._write_admission(admit))
+        for preempt in result.preempted:
+            for victim in preempt.victims:
+                message = (
+                    f"Preempted to accommodate {preempt.preemptor} in ClusterQueue"
+                    f" {preempt.cluster_queue} ({victim.reason.value})"
+                )
+                self.metrics.preempted(preempt.cluster_queue, reason=victim.reason.value)
+                self._start_eviction(
+                    victim.workload,
+                    Eviction(
+                        reason="Preempted",
+                        message=message,
+                        cluster_queue=victim.cluster_queue,
+                        preemption_reason=victim.reason.value,
+                    ),
+                )
+        for evict in result.evicted:
+            admission = self.scheduler.admission_of(evict.workload)
+            self._start_eviction(
+                evict.workload,
+                Eviction(
+                    reason=evict.reason.value,
+                    message=evict.message,
+                    cluster_queue=admission.cluster_queue if admission else "",
+                ),
+            )
+        for key, explanation in result.pending.items():
+            self.writer.explain(
+                key,
+                message=explanation.message,
+                inadmissible=explanation.reason in _INADMISSIBLE,
+            )
+
+    async def _write_admission(self, admit: Admit) -> None:
+        key = admit.workload
+        admission = convert.admission_to_status(admit.admission)
+        now = admit.time
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            return {
+                "conditions": cond.admitted(
+                    owned_conditions(current),
+                    cluster_queue=admit.admission.cluster_queue,
+                    now_ms=now,
+                ),
+                "admission": admission,
+            }
+
+        outcome = await self.writer.apply_status(key, build, verb="admit")
+        self.bridge.in_flight_admissions.discard(key)
+        if not outcome.ok:
+            self._failed.append((key, outcome.status))
+            self.state.mark_changed()
+            return
+        workload = self.state.get("Workload", key) or {}
+        created = convert.timestamp_ms((workload.get("metadata") or {}).get("creationTimestamp"))
+        wait = max(0.0, (now - created) / 1000) if created else 0.0
+        self.metrics.admitted(admit.admission.cluster_queue, wait_seconds=wait)
+        logger.info(
+            "event=admitted workload=%s cluster_queue=%s flavors=%s wait_seconds=%.2f",
+            key,
+            admit.admission.cluster_queue,
+            ",".join(sorted({f for ps in admit.admission.pod_sets for f in ps.flavors.values()})),
+            wait,
+        )
+        if workload:
+            await self.writer.event(
+                workload,
+                reason="Admitted",
+                message=f"Admitted by ClusterQueue {admit.admission.cluster_queue}, "
+                f"wait time since creation {wait:.0f}s",
+            )
+
+    def _start_eviction(self, key: str, eviction: Eviction) -> None:
+        if key in self.evicting:
+            return
+        self.evicting[key] = eviction
+        self.writer.forget(key)
+        self.metrics.evicted(eviction.cluster_queue, reason=eviction.reason)
+        self._spawn(self._write_eviction(key, eviction))
+
+    async def _write_eviction(self, key: str, eviction: Eviction) -> None:
+        now = now_ms()
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            status: dict[str, Any] = {
+                "conditions": cond.evicted(
+                    owned_conditions(current),
+                    reason=eviction.reason,
+                    message=eviction.message,
+                    now_ms=now,
+                    preemption_reason=eviction.preemption_reason,
+                )
+            }
+            admission = (current.get("status") or {}).get("admission")
+            if admission:
+                status["admission"] = admission
+            return status
+
+        outcome = await self.writer.apply_status(key, build, verb="evict")
+        eviction.written = True
+        if outcome.status == 404:
+            self.evicting.pop(key, None)
+        logger.info(
+            "event=evicting workload=%s reason=%s preemption=%s",
+            key,
+            eviction.reason,
+            eviction.preemption_reason or "-",
+        )
+        workload = self.state.get("Workload", key)
+        if workload is not None:
+            await self.writer.event(
+                workload,
+                reason="Preempted" if eviction.preemption_reason else "Evicted",
+                message=eviction.message,
+            )
+        self.state.mark_changed()
+
+    def _progress_evictions(self, now: int) -> None:
+        """Finish evictions whose pods are gone: release in the core, then write status."""
+        for key, eviction in list(self.evicting.items()):
+            if not eviction.written:
+                continue
+            workload = self.state.get("Workload", key)
+            if workload is None:
+                self.evicting.pop(key, None)
+                continue
+            if self.jobs is not None and not self.jobs.job_stopped(workload):
+                continue
+            del self.evicting[key]
+            self.scheduler.workload_evicted(key, now=now, backoff=eviction.backoff)
+            self._spawn(self._write_eviction_done(key, eviction))
+
+    async def _write_eviction_done(self, key: str, eviction: Eviction) -> None:
+        now = now_ms()
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            status = current.get("status") or {}
+            if not status.get("admission") and not cond.is_true(
+                status.get("conditions"), cond.QUOTA_RESERVED
+            ):
+                return None  # someone else (Kueue's runner) already did it
+            return {
+                "conditions": cond.eviction_done(
+                    owned_conditions(current), reason=eviction.reason, now_ms=now
+                )
+            }
+
+        await self.writer.apply_status(key, build, verb="requeue")
+        logger.info("event=evicted workload=%s reason=%s", key, eviction.reason)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("event=write_task_failed error=%r", task.exception())

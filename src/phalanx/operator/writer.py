@@ -1,0 +1,275 @@
+"""API writes for Workloads: status by server-side apply, Events, with priorities and limits.
+
+Decisions (admit, evict, finish) go first and are never dropped; pending explanations are
+background work: coalesced per Workload (only the latest matters), written only when the
+message changed, and at most once per ``pending_min_interval`` per Workload. A burst of
+15,000 pending Workloads therefore costs a bounded trickle of writes, not a storm.
+
+Every successful write's response is fed back into :class:`ClusterState`, so the next
+decision is computed from what the API server holds, without waiting for the watch echo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from phalanx.operator import conditions as cond
+from phalanx.operator.kube import EVENTS, WORKLOADS, ApiError, KubeApi
+from phalanx.operator.metrics import Metrics
+from phalanx.operator.state import ClusterState
+
+__all__ = ["FIELD_MANAGER", "StatusWriter", "WriteOutcome"]
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "phalanx"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is valid YAML
+
+StatusFn = Callable[[dict[str, Any]], dict[str, Any] | None]
+"""Given the current Workload, the status fields Phalanx should own (``conditions``, and
+``admission`` when admitted); None to skip the write (nothing to change)."""
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    ok: bool
+    status: int = 0
+    """HTTP status of the failure (404: the Workload is gone)."""
+    error: str = ""
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        api: KubeApi,
+        state: ClusterState,
+        metrics: Metrics,
+        *,
+        concurrency: int = 16,
+        pending_min_interval: float = 5.0,
+    ) -> None:
+        self.api = api
+        self.state = state
+        self.metrics = metrics
+        self.pending_min_interval = pending_min_interval
+        self._urgent: asyncio.Semaphore = asyncio.Semaphore(concurrency)
+        self._background: OrderedDict[str, str] = OrderedDict()  # key -> message to write
+        self._background_ready = asyncio.Event()
+        self._last_pending: dict[str, tuple[str, float]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._workers = max(2, concurrency // 4)
+        self._locks: dict[str, list[Any]] = {}
+        self.pending_allowed: Callable[[str], bool] = lambda key: True
+        """Set by the scheduling loop: whether ``key`` is still pending in the core (an
+        explanation for a workload admitted meanwhile is stale)."""
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(self._workers):
+            self._tasks.append(
+                loop.create_task(self._pending_worker(), name=f"phalanx-pending-{i}")
+            )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    async def apply_status(self, key: str, build: StatusFn, *, verb: str) -> WriteOutcome:
+        """Server-side apply of the Workload status computed by ``build`` from its current
+        version. Retried briefly on conflicts and transient errors.
+
+        Writes to one Workload are serialized, so each is computed from the response of the
+        previous one: a pending message in flight can never land after, and undo, an
+        admission.
+        """
+        async with self._lock(key), self._urgent:
+            for attempt in range(4):
+                current = self.state.get("Workload", key)
+                if current is None:
+                    return WriteOutcome(ok=False, status=404, error="workload not found")
+                status = build(current)
+                if status is None:
+                    return WriteOutcome(ok=True)
+                try:
+                    await self._apply(current, status)
+                    self.metrics.api_write("Workload", verb, ok=True)
+                    return WriteOutcome(ok=True)
+                except ApiError as error:
+                    self.metrics.api_write("Workload", verb, ok=False)
+                    if error.status in (404, 422) or attempt == 3:
+                        logger.warning(
+                            "event=status_write_failed workload=%s verb=%s error=%r",
+                            key,
+                            verb,
+                            str(error),
+                        )
+                        return WriteOutcome(ok=False, status=error.status, error=str(error))
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                    self.metrics.api_write("Workload", verb, ok=False)
+                    if attempt == 3:
+                        return WriteOutcome(ok=False, status=0, error=repr(error))
+                    await asyncio.sleep(0.2 * (attempt + 1))
+        return WriteOutcome(ok=False, error="unreachable")
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, key: str) -> AsyncIterator[None]:
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[key]
+
+    async def _apply(self, current: dict[str, Any], status: dict[str, Any]) -> None:
+        metadata = current["metadata"]
+        body = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
+            "status": status,
+        }
+        path = WORKLOADS.path(namespace=metadata["namespace"], name=metadata["name"]) + "/status"
+        response = await self.api.request(
+            "PATCH",
+            path,
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body=body,
+            content_type=APPLY_PATCH,
+        )
+        if response.get("metadata"):
+            self.state.apply("Workload", "MODIFIED", response)
+
+    # -- pending explanations -------------------------------------------------------------------
+
+    def explain(self, key: str, *, message: str, inadmissible: bool) -> None:
+        """Queue a pending explanation; written later if it differs from what the Workload
+        shows, and not sooner than ``pending_min_interval`` after the previous one."""
+        encoded = ("I" if inadmissible else "P") + cond.truncate(message)
+        last = self._last_pending.get(key)
+        if last is not None and last[0] == encoded:
+            return
+        self._background[key] = encoded
+        self._background.move_to_end(key)
+        self._background_ready.set()
+
+    def forget(self, key: str) -> None:
+        self._background.pop(key, None)
+        self._last_pending.pop(key, None)
+
+    async def _pending_worker(self) -> None:
+        while True:
+            await self._background_ready.wait()
+            if not self._background:
+                self._background_ready.clear()
+                continue
+            key, encoded = self._background.popitem(last=False)
+            last = self._last_pending.get(key)
+            now = time.monotonic()
+            if last is not None and now - last[1] < self.pending_min_interval:
+                # Too soon after the previous write: put it back at the end and yield.
+                self._background[key] = encoded
+                if len(self._background) == 1:
+                    await asyncio.sleep(self.pending_min_interval - (now - last[1]))
+                else:
+                    await asyncio.sleep(0)
+                continue
+            inadmissible, message = encoded[0] == "I", encoded[1:]
+            self._last_pending[key] = (encoded, now)
+
+            def build(
+                current: dict[str, Any],
+                message: str = message,
+                inadmissible: bool = inadmissible,
+                key: str = key,
+            ) -> dict[str, Any] | None:
+                if not self.pending_allowed(key):
+                    return None
+                status = current.get("status") or {}
+                existing = cond.condition(status.get("conditions"), cond.QUOTA_RESERVED)
+                if cond.is_true(status.get("conditions"), cond.FINISHED) or (
+                    existing is not None and existing.get("status") == "True"
+                ):
+                    return None  # admitted or finished meanwhile: the explanation is stale
+                if existing is not None and existing.get("message") == message:
+                    return None
+                updated = cond.pending(
+                    owned_conditions(current),
+                    inadmissible=inadmissible,
+                    message=message,
+                    now_ms=int(time.time() * 1000),
+                )
+                return {"conditions": updated}
+
+            await self.apply_status(key, build, verb="pending")
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def event(
+        self, obj: dict[str, Any], *, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """A core/v1 Event on ``obj`` (best effort: a lost Event is not retried)."""
+        metadata = obj["metadata"]
+        namespace = metadata.get("namespace") or "default"
+        now = cond.rfc3339(int(time.time() * 1000))
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{metadata['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", "kueue.x-k8s.io/v1beta2"),
+                "kind": obj.get("kind", "Workload"),
+                "name": metadata["name"],
+                "namespace": metadata.get("namespace"),
+                "uid": metadata.get("uid"),
+            },
+            "reason": reason,
+            "message": cond.truncate(message),
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "phalanx"},
+            "reportingComponent": "phalanx",
+            "reportingInstance": "phalanx",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.api.create(EVENTS, body, namespace=namespace)
+            self.metrics.api_write("Event", "create", ok=True)
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            self.metrics.api_write("Event", "create", ok=False)
+            logger.debug("event=event_post_failed reason=%s error=%r", reason, error)
+
+
+def owned_conditions(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Workload's conditions of the types Phalanx manages (what its apply must carry)."""
+    return [
+        dict(c)
+        for c in (workload.get("status") or {}).get("conditions") or ()
+        if c.get("type") in cond.MANAGED_TYPES
+    ]
+
+
+async def gather_logged(*coros: Awaitable[Any]) -> None:
+    for result in await asyncio.gather(*coros, return_exceptions=True):
+        if isinstance(result, Exception):
+            logger.error("event=write_task_failed error=%r", result)
