@@ -61,6 +61,7 @@ class _Out:
 
 def run(s: Scheduler, now: int) -> CycleResult:
     s.now = now
+    s.cycle_number += 1
     out = _Out(now)
     _requeue_backoffs(s, now)  # 1
     _admit_ready_claims(s, out)  # 2
@@ -321,6 +322,7 @@ def _targets(
         states=s.queues,
         fair_sharing=s.config.fair_sharing_strategies if s.config.fair_sharing else None,
         lendable_cache=s.lendable_cache,
+        cycle=s.cycle_number,
     )
 
 
@@ -344,6 +346,7 @@ def _admit(
 
 
 def _admitted_now(s: Scheduler, entry: Entry) -> None:
+    entry.admitted_cycle = s.cycle_number
     entry.explanation = None
     entry.requeue_at = 0
     s.fresh.pop(entry.key, None)

@@ -148,6 +148,7 @@ def _candidates(
     frs: set[FlavorResource],
     *,
     include_cohort: bool,
+    cycle: int,
 ) -> list[Entry]:
     """Step 1: admitted workloads that policy allows to be preempted, in preference order."""
     policy = cq.spec.preemption
@@ -156,7 +157,7 @@ def _candidates(
     within = policy.within_cluster_queue
     if within != PreemptionPolicy.NEVER:
         newer_equal = within == PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
-        for cand in cq.running():
+        for cand in cq.running(before_cycle=cycle):
             if cand.priority > priority:
                 continue
             if cand.priority == priority and not (
@@ -176,7 +177,7 @@ def _candidates(
             other = states.get(name)
             if other is None:
                 continue
-            for cand in other.running():
+            for cand in other.running(before_cycle=cycle):
                 if only_lower and cand.priority >= priority:
                     continue
                 if not any(fr in cand.usage for fr in frs):
@@ -196,12 +197,14 @@ def find_targets(
     states: Mapping[str, ClusterQueueState],
     fair_sharing: Sequence[FairSharingStrategy] | None = None,
     lendable_cache: dict[str, dict[str, int]] | None = None,
+    cycle: int = 1 << 62,
 ) -> list[Target]:
     """Victims for ``preemptor`` (empty when preemption cannot make it fit).
 
     ``request`` is its usage per flavor-resource, ``frs`` those that need preemption,
     ``states`` every ClusterQueue by name. ``fair_sharing`` None selects classic
-    preemption, else the fair-sharing strategies in order.
+    preemption, else the fair-sharing strategies in order. Workloads admitted in cycle
+    ``cycle`` (the current one) are not candidates.
     """
     borrow_policy = cq.spec.preemption.borrow_within_cohort
     # Workloads of other queues only ever help when reclaiming below nominal quota,
@@ -211,7 +214,9 @@ def find_targets(
         or borrow_policy.policy != PreemptionPolicy.NEVER
         or _under_nominal(cq, frs)
     )
-    candidates = _candidates(preemptor, cq, states, frs, include_cohort=include_cohort)
+    candidates = _candidates(
+        preemptor, cq, states, frs, include_cohort=include_cohort, cycle=cycle
+    )
     if not candidates:
         return []
     search = _Search(tree=tree, cq=cq, states=states, request=request, frs=frs)

@@ -67,6 +67,7 @@ class Entry:
     __slots__ = (
         "admission",
         "admitted_at",
+        "admitted_cycle",
         "claimed_by",
         "cluster_queue",
         "estimate",
@@ -103,6 +104,9 @@ class Entry:
         self.queue_token = 0
         self.admission: Admission | None = None
         self.admitted_at = 0
+        # The scheduler's cycle number at admission: like Kueue, a workload admitted in the
+        # current cycle is not a preemption candidate in that same cycle.
+        self.admitted_cycle = 0
         self.usage: dict[FlavorResource, int] = {}
         self.victims_pending: set[str] = set()
         self.claimed_by: str | None = None

@@ -108,6 +108,7 @@ class Scheduler:
         self.lendable_cache: dict[str, dict[str, int]] = {}
         self.cycle_errors: dict[str, str] = {}
         self.now = 0
+        self.cycle_number = 0
         self._seq = 0
         self._backoff_seq = 0
 

@@ -73,9 +73,16 @@ class ClusterQueueState:
         else:
             self.admitted_by_priority.pop(entry.priority, None)
 
-    def running(self) -> Iterator[Entry]:
-        """Admitted workloads not already being evicted (the preemption candidates)."""
-        return (e for e in self.admitted.values() if e.phase == Phase.ADMITTED)
+    def running(self, *, before_cycle: int | None = None) -> Iterator[Entry]:
+        """Admitted workloads not already being evicted; with ``before_cycle``, only those
+        admitted before that cycle (the preemption candidates)."""
+        if before_cycle is None:
+            return (e for e in self.admitted.values() if e.phase == Phase.ADMITTED)
+        return (
+            e
+            for e in self.admitted.values()
+            if e.phase == Phase.ADMITTED and e.admitted_cycle < before_cycle
+        )
 
     def may_have_victims(self, priority: int, order_time: int) -> bool:
         """Cheap necessary condition for withinClusterQueue preemption to find anyone."""
