@@ -182,3 +182,224 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def is_true(obj: dict[str, Any], kind: str) -> bool:
     c = condition(obj, kind)
     return c is not None and c.get("status") == "True"
+
+
+# -- dedicated KWOK node pools ------------------------------------------------------------------
+# Each test module schedules onto its own tainted nodes, selected by its own flavor, so its
+# quotas and capacity are exact whatever else runs on the shared devcluster.
+
+POOL_LABEL = "phalanx.dev/test-pool"
+BLOCK = "cloud.provider.com/topology-block"
+RACK = "cloud.provider.com/topology-rack"
+HOST = "kubernetes.io/hostname"
+
+
+def pool_nodes(pool: str, *, racks: int, hosts: int, gpus: int = 8) -> list[dict[str, Any]]:
+    nodes = []
+    for r in range(racks):
+        for h in range(hosts):
+            name = f"{pool}-r{r}-h{h}"
+            resources = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": str(gpus), "pods": "110"}
+            nodes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "labels": {
+                            POOL_LABEL: pool,
+                            BLOCK: f"{pool}-b0",
+                            RACK: f"{pool}-r{r}",
+                            HOST: name,
+                            "type": "kwok",
+                        },
+                        "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    },
+                    "spec": {
+                        "taints": [{"key": POOL_LABEL, "value": pool, "effect": "NoSchedule"}]
+                    },
+                    "status": {"allocatable": resources, "capacity": dict(resources)},
+                }
+            )
+    return nodes
+
+
+@contextlib.contextmanager
+def node_pool(cluster: ClusterHandle, pool: str, *, racks: int, hosts: int) -> Iterator[list[str]]:
+    nodes = pool_nodes(pool, racks=racks, hosts=hosts)
+    names = [n["metadata"]["name"] for n in nodes]
+    cluster.kubectl("delete", "nodes", "-l", f"{POOL_LABEL}={pool}", "--wait=true")
+    for node in nodes:
+        cluster.kubectl_ok("create", "-f", "-", input=json.dumps(node))
+    wait_for(
+        f"{len(names)} Ready nodes in pool {pool}",
+        lambda: (
+            all(
+                is_true(n, "Ready")
+                for n in get_list(cluster, "nodes", None, "-l", f"{POOL_LABEL}={pool}")
+            )
+            and len(get_list(cluster, "nodes", None, "-l", f"{POOL_LABEL}={pool}")) == len(names)
+        ),
+        timeout=60,
+    )
+    try:
+        yield names
+    finally:
+        cluster.kubectl("delete", "nodes", "-l", f"{POOL_LABEL}={pool}", "--wait=false")
+
+
+def topology(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": name},
+        "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK}, {"nodeLabel": HOST}]},
+    }
+
+
+def flavor(name: str, *, pool: str, topology_name: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeLabels": {POOL_LABEL: pool},
+        "tolerations": [
+            {"key": POOL_LABEL, "operator": "Equal", "value": pool, "effect": "NoSchedule"}
+        ],
+    }
+    if topology_name:
+        spec["topologyName"] = topology_name
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def cluster_queue(
+    name: str,
+    *,
+    flavor_name: str,
+    gpus: int | str,
+    cohort: str | None = None,
+    borrowing_limit: int | None = None,
+    lending_limit: int | None = None,
+    preemption: dict[str, Any] | None = None,
+    strategy: str | None = None,
+) -> dict[str, Any]:
+    gpu: dict[str, Any] = {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}
+    if borrowing_limit is not None:
+        gpu["borrowingLimit"] = str(borrowing_limit)
+    if lending_limit is not None:
+        gpu["lendingLimit"] = str(lending_limit)
+    spec: dict[str, Any] = {
+        "namespaceSelector": {},
+        "resourceGroups": [
+            {
+                "coveredResources": ["cpu", "nvidia.com/gpu"],
+                "flavors": [
+                    {
+                        "name": flavor_name,
+                        "resources": [{"name": "cpu", "nominalQuota": "1000"}, gpu],
+                    }
+                ],
+            }
+        ],
+    }
+    if cohort:
+        spec["cohortName"] = cohort
+    if preemption:
+        spec["preemption"] = preemption
+    if strategy:
+        spec["queueingStrategy"] = strategy
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def local_queue(name: str, *, cluster_queue_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": name},
+        "spec": {"clusterQueue": cluster_queue_name},
+    }
+
+
+def gpu_job(
+    name: str,
+    *,
+    queue: str | None,
+    pods: int = 1,
+    gpus: int = 8,
+    run_seconds: str = "3600",
+    required: str | None = None,
+    priority_class: str | None = None,
+    suspend: bool | None = None,
+) -> dict[str, Any]:
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    if priority_class:
+        labels["kueue.x-k8s.io/priority-class"] = priority_class
+    annotations = {"phalanx.dev/run-seconds": run_seconds}
+    if required:
+        annotations["kueue.x-k8s.io/podset-required-topology"] = required
+    spec: dict[str, Any] = {
+        "parallelism": pods,
+        "completions": pods,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": {
+            "metadata": {"annotations": annotations},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "train",
+                        "image": "example.invalid/train:1",
+                        "resources": {
+                            "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
+                            "limits": {"nvidia.com/gpu": str(gpus)},
+                        },
+                    }
+                ],
+            },
+        },
+    }
+    if suspend is not None:
+        spec["suspend"] = suspend
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    }
+
+
+def workload_of(cluster: ClusterHandle, namespace: str, job: str) -> dict[str, Any] | None:
+    """The Workload owned by Job ``job`` (None until the operator created it)."""
+    for wl in get_list(cluster, "workloads.kueue.x-k8s.io", namespace):
+        for owner in wl["metadata"].get("ownerReferences") or ():
+            if owner.get("kind") == "Job" and owner.get("name") == job:
+                return wl
+    return None
+
+
+def job_pods(cluster: ClusterHandle, namespace: str, job: str) -> list[dict[str, Any]]:
+    return get_list(cluster, "pods", namespace, "-l", f"job-name={job}")
+
+
+def gpu_usage(cluster: ClusterHandle, cq: str) -> tuple[str, int]:
+    """(total GPUs in use, reserving workloads) from the ClusterQueue's status."""
+    status = get(cluster, "clusterqueues.kueue.x-k8s.io", cq).get("status") or {}
+    total = "0"
+    for fl in status.get("flavorsUsage") or ():
+        for res in fl.get("resources") or ():
+            if res["name"] == "nvidia.com/gpu":
+                total = res.get("total", "0")
+    return total, int(status.get("reservingWorkloads") or 0)
+
+
+def delete_cluster_objects(cluster: ClusterHandle, *refs: str) -> None:
+    for ref in refs:
+        cluster.kubectl("delete", ref, "--ignore-not-found", "--wait=false")
