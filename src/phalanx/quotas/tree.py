@@ -16,6 +16,7 @@ structural change (a quota edited, a ClusterQueue moved) recomputes a whole root
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 
 from phalanx.quotas.resources import FlavorResource, ResourceQuota, Usage
@@ -27,6 +28,10 @@ __all__ = [
     "ResourceTree",
     "check_invariants",
 ]
+
+# Quota versions are unique across all trees, so a node that moves to another tree never
+# mistakes that tree's version for its own memo's.
+_QUOTA_VERSIONS = itertools.count(1)
 
 DEFAULT_WEIGHT = 1000
 """Fair-sharing weight 1, in thousandths (weights may be fractional: ``0.5`` is 500)."""
@@ -54,6 +59,8 @@ class QuotaNode:
         "name",
         "parent",
         "potential",
+        "potential_version",
+        "quota_version",
         "quotas",
         "root",
         "subtree",
@@ -81,8 +88,11 @@ class QuotaNode:
         # their nominal quota of it. Kept current on every usage change, so "who is
         # borrowing" (preemption candidates, explanations) never scans the whole cohort.
         self.borrowers: dict[FlavorResource, set[QuotaNode]] = {}
-        # potential_available depends on quotas only: memoised until the tree is rebuilt.
+        # potential_available depends on quotas only: memoised per quota version of the root
+        # (bumped on every quota change in the tree).
         self.potential: dict[FlavorResource, int] = {}
+        self.potential_version = 0
+        self.quota_version = 0
 
     def __repr__(self) -> str:
         kind = "Cohort" if self.is_cohort else "ClusterQueue"
@@ -133,6 +143,10 @@ class QuotaNode:
 
     def potential_available(self, fr: FlavorResource) -> int:
         """The most this node could use if nothing else in the tree used anything."""
+        version = self.root.quota_version
+        if self.potential_version != version:
+            self.potential = {}
+            self.potential_version = version
         known = self.potential.get(fr)
         if known is not None:
             return known
@@ -232,10 +246,10 @@ class ResourceTree:
         return sorted(self._queues)
 
     def roots(self) -> list[QuotaNode]:
-        found = {node.root.name: node.root for node in self._queues.values()}
+        found = {id(node.root): node.root for node in self._queues.values()}
         for cohort in self._cohorts.values():
-            found.setdefault(cohort.root.name, cohort.root)
-        return [found[name] for name in sorted(found)]
+            found.setdefault(id(cohort.root), cohort.root)
+        return sorted(found.values(), key=lambda n: (n.name, n.is_cohort))
 
     # -- structure ---------------------------------------------------------------------------
 
@@ -248,17 +262,57 @@ class ResourceTree:
         fair_weight: int = DEFAULT_WEIGHT,
     ) -> None:
         """Add or update a ClusterQueue; its usage is kept across updates."""
+        _check_limits(name, quotas, has_parent=cohort is not None)
         node = self._queues.get(name)
         if node is None:
             node = QuotaNode(name, is_cohort=False)
             self._queues[name] = node
-        _check_limits(name, quotas, has_parent=cohort is not None)
+            node.quotas = dict(quotas)
+            node.fair_weight = fair_weight
+            if cohort:
+                # A new, empty queue joining a cohort: add its quota along the path instead
+                # of rebuilding the tree (keeps loading N queues O(N x depth)).
+                self._attach_new_leaf(node, self._implicit_cohort(cohort))
+            else:
+                self._recompute(node)
+            return
         old_root = node.root
         node.quotas = dict(quotas)
         node.fair_weight = fair_weight
         self._reparent(node, self._implicit_cohort(cohort) if cohort else None)
         self._recompute(old_root)
         self._recompute(node)
+
+    def _attach_new_leaf(self, node: QuotaNode, parent: QuotaNode) -> None:
+        parent.children[node.name] = node
+        node.parent = parent
+        root = parent.root
+        _rebuild(node, root)
+        deltas = {fr: quota - node.local.get(fr, 0) for fr, quota in node.subtree.items()}
+        ancestor: QuotaNode | None = parent
+        while ancestor is not None and deltas:
+            passed: dict[FlavorResource, int] = {}
+            for fr, delta in deltas.items():
+                old_subtree = ancestor.subtree.get(fr, 0)
+                old_local = ancestor.local.get(fr, 0)
+                new_subtree = old_subtree + delta
+                ancestor.subtree[fr] = new_subtree
+                quota = ancestor.quotas.get(fr)
+                new_local = old_local
+                if quota is not None and quota.lending_limit is not None:
+                    new_local = max(0, new_subtree - quota.lending_limit)
+                    ancestor.local[fr] = new_local
+                if new_local != old_local and ancestor.usage.get(fr, 0):
+                    # Where this cohort's usage is stored moved: recompute it all.
+                    self._recompute(root)
+                    return
+                upward = (new_subtree - new_local) - (old_subtree - old_local)
+                if upward:
+                    passed[fr] = upward
+            ancestor = ancestor.parent
+            deltas = passed
+        root.quota_version = next(_QUOTA_VERSIONS)
+        root.version += 1
 
     def remove_cluster_queue(self, name: str) -> None:
         """Drop a ClusterQueue (its usage leaves the cohort with it)."""
@@ -357,6 +411,7 @@ class ResourceTree:
         while top.parent is not None:
             top = top.parent
         _rebuild(top, top)
+        top.quota_version = next(_QUOTA_VERSIONS)
         top.borrowers = {}
         for leaf in top.cluster_queues():
             for fr in leaf.usage:
@@ -400,7 +455,6 @@ def _track_borrowing(node: QuotaNode, fr: FlavorResource) -> None:
 
 def _rebuild(node: QuotaNode, root: QuotaNode) -> None:
     node.root = root
-    node.potential = {}
     node.borrow_limit = {
         fr: q.borrowing_limit for fr, q in node.quotas.items() if q.borrowing_limit is not None
     }

@@ -255,3 +255,27 @@ def test_share_counts_the_resource_that_dominates() -> None:
     share = dominant_resource_share(tree.cluster_queue("a"))
     assert share.dominant_resource == "gpu"
     assert share.weighted_share == 250  # 2 of 8 lendable GPUs
+
+
+def _snapshot(tree: ResourceTree) -> dict[str, tuple[dict[object, int], ...]]:
+    top = tree.cohort("top")
+    assert top is not None
+    return {n.name: (dict(n.subtree), dict(n.local), dict(n.usage)) for n in top.walk()}
+
+
+@pytest.mark.parametrize("lending", [None, 0, 3, 50])
+def test_adding_queues_one_by_one_matches_a_full_rebuild(lending: int | None) -> None:
+    tree = ResourceTree()
+    tree.set_cohort("top", quotas={CPU: ResourceQuota(5)})
+    tree.set_cohort("mid", parent="top", quotas={CPU: ResourceQuota(2, lending_limit=lending)})
+    tree.set_cluster_queue("early", cohort="mid", quotas={CPU: ResourceQuota(4)})
+    tree.add_usage(tree.cluster_queue("early"), {CPU: 7})
+    for i in range(5):
+        parent = "mid" if i % 2 else "top"
+        tree.set_cluster_queue(f"q{i}", cohort=parent, quotas={CPU: ResourceQuota(i, None, 1)})
+        incremental = _snapshot(tree)
+        potential = tree.cluster_queue(f"q{i}").potential_available(CPU)
+        tree.set_cohort("top", quotas={CPU: ResourceQuota(5)})  # forces a full rebuild
+        assert _snapshot(tree) == incremental
+        assert tree.cluster_queue(f"q{i}").potential_available(CPU) == potential
+    assert check_invariants(tree) == []
