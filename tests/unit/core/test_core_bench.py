@@ -157,3 +157,67 @@ def test_command_human_output_fails_a_tight_rangespec(
     out = capsys.readouterr().out
     assert code == 1
     assert "FAIL" in out and "class small" in out
+
+
+SMALL_TAS = """
+topology:
+  name: "default-topology"
+  levels:
+    - name: block
+      count: 1
+      nodeLabel: "cloud.provider.com/topology-block"
+    - name: rack
+      count: 2
+      nodeLabel: "cloud.provider.com/topology-rack"
+    - name: node
+      count: 4
+      nodeLabel: "kubernetes.io/hostname"
+      capacity:
+        cpu: "8"
+resourceFlavor:
+  name: "tas-flavor"
+  nodeLabel: "tas-node-group"
+  topologyName: "default-topology"
+cohorts:
+  - className: cohort
+    count: 1
+    queuesSets:
+    - className: cq
+      count: 2
+      nominalQuota: "20"
+      borrowingLimit: "100"
+      reclaimWithinCohort: Any
+      withinClusterQueue: LowerPriority
+      workloadsSets:
+      - count: 20
+        creationIntervalMs: 100
+        workloads:
+        - className: small-required-rack
+          runtimeMs: 200
+          priority: 50
+          request: "500m"
+          podCount: 2
+          tasConstraint: "required"
+          tasLevel: "cloud.provider.com/topology-rack"
+      - count: 5
+        creationIntervalMs: 500
+        workloads:
+        - className: large-balanced-rack
+          runtimeMs: 1000
+          priority: 200
+          request: "2500m"
+          podCount: 8
+          tasConstraint: "balanced"
+          tasLevel: "cloud.provider.com/topology-rack"
+          sliceSize: 4
+"""
+
+
+def test_tas_scenario_places_every_gang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "generator.yaml"
+    config.write_text(SMALL_TAS)
+    assert main(["bench", "core", "--config", str(config), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["classes"]["small-required-rack"]["count"] == 40
+    assert payload["classes"]["large-balanced-rack"]["count"] == 10
+    assert payload["admissions"] == 50 + payload["evictions"]

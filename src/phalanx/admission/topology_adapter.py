@@ -1,0 +1,82 @@
+"""``PlacementOracle`` backed by ``phalanx.placement``: one FlavorTopology per TAS flavor.
+
+The operator feeds nodes and pods into the ``FlavorTopologies`` registry; the scheduler
+asks this adapter to place, reserve and release whole gangs. A pod set's topology
+assignment in the admission is the placement's ``PodSetPlacement`` (its
+``topology_assignment()`` is Kueue's v1beta2 encoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from phalanx.admission.placement_hook import PlacementAnswer, PlacementDemand
+from phalanx.placement import (
+    FlavorTopologies,
+    GangRequest,
+    PlacementResult,
+    PodSetRequest,
+    TopologyRequest,
+)
+
+__all__ = ["TopologyPlacement"]
+
+
+class TopologyPlacement:
+    """Adapts ``phalanx.placement.FlavorTopologies`` to admission's ``PlacementOracle``."""
+
+    def __init__(self, topologies: FlavorTopologies) -> None:
+        self.topologies = topologies
+
+    def has_topology(self, flavor: str) -> bool:
+        return self.topologies.has_topology(flavor)
+
+    def place(
+        self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
+    ) -> PlacementAnswer:
+        topology = self.topologies.get(flavor)
+        if topology is None:
+            return PlacementAnswer(False, reason=f"flavor {flavor} has no topology")
+        return _answer(topology.place(_gang(key, pod_sets)))
+
+    def reserve(
+        self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
+    ) -> PlacementAnswer:
+        topology = self.topologies.get(flavor)
+        if topology is None:
+            return PlacementAnswer(False, reason=f"flavor {flavor} has no topology")
+        if topology.is_reserved(key):
+            # A gang re-admitted (e.g. after partial admission was recomputed) replaces its
+            # previous reservation rather than holding two.
+            topology.release(key)
+        return _answer(topology.reserve(_gang(key, pod_sets)))
+
+    def release(self, *, flavor: str, key: str) -> None:
+        topology = self.topologies.get(flavor)
+        if topology is not None:
+            topology.release(key)
+
+
+def _gang(key: str, pod_sets: Sequence[PlacementDemand]) -> GangRequest:
+    return GangRequest(
+        key=key,
+        pod_sets=tuple(
+            PodSetRequest(
+                name=ps.name,
+                count=ps.count,
+                requests=ps.requests,
+                # A pod set on a TAS flavor without a request is placed unconstrained.
+                topology=ps.topology if ps.topology is not None else TopologyRequest(),
+                tolerations=ps.tolerations,
+                node_selector=ps.node_selector,
+            )
+            for ps in pod_sets
+        ),
+    )
+
+
+def _answer(result: PlacementResult) -> PlacementAnswer:
+    if result.placement is not None:
+        return PlacementAnswer(True, {ps.name: ps for ps in result.placement.pod_sets})
+    reason = result.failure.message if result.failure is not None else "no placement"
+    return PlacementAnswer(False, reason=reason)
