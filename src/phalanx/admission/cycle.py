@@ -367,6 +367,8 @@ def _preempt(
     entry.admission = assignment.admission(state.name)
     freed: dict[FlavorResource, int] = {}
     victims = []
+    pending: set[str] = set()
+    entry.victims_pending = pending
     for victim, why in targets:
         vstate = s.queues[victim.cluster_queue or ""]
         s.tree.remove_usage(vstate.node, victim.usage)
@@ -376,7 +378,7 @@ def _preempt(
         victim.phase = Phase.EVICTING
         victim.claimed_by = entry.key
         s.evicting[victim.key] = victim
-        entry.victims_pending.add(victim.key)
+        pending.add(victim.key)
         victims.append(Victim(victim.key, vstate.name, why))
     s.tree.add_usage(state.node, entry.usage)
     s.claims[entry.key] = entry

@@ -87,8 +87,9 @@ class Assignment:
                 PodSetAssignment(
                     name=choice.pod_set.name,
                     count=choice.count,
-                    flavors=dict(choice.flavors),
-                    resource_usage=dict(choice.usage),
+                    # The choice is this assignment's own, never shared: no copy needed.
+                    flavors=choice.flavors,
+                    resource_usage=choice.usage,
                     topology_assignment=topology.get(choice.pod_set.name),
                 )
                 for choice in self.pod_sets

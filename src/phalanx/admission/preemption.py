@@ -214,9 +214,7 @@ def find_targets(
         or borrow_policy.policy != PreemptionPolicy.NEVER
         or _under_nominal(cq, frs)
     )
-    candidates = _candidates(
-        preemptor, cq, states, frs, include_cohort=include_cohort, cycle=cycle
-    )
+    candidates = _candidates(preemptor, cq, states, frs, include_cohort=include_cohort, cycle=cycle)
     if not candidates:
         return []
     search = _Search(tree=tree, cq=cq, states=states, request=request, frs=frs)

@@ -18,6 +18,8 @@ from phalanx.quotas.resources import FlavorResource
 
 __all__ = ["Entry", "Phase", "Where", "shape_of"]
 
+_NO_VICTIMS: frozenset[str] = frozenset()
+
 
 class Phase(enum.IntEnum):
     PENDING = 0
@@ -108,7 +110,9 @@ class Entry:
         # current cycle is not a preemption candidate in that same cycle.
         self.admitted_cycle = 0
         self.usage: dict[FlavorResource, int] = {}
-        self.victims_pending: set[str] = set()
+        # Only preemptors need a set; the shared empty frozenset keeps the 50,000 others from
+        # each carrying a (garbage-collector tracked) empty set.
+        self.victims_pending: set[str] | frozenset[str] = _NO_VICTIMS
         self.claimed_by: str | None = None
         self.requeue_count = 0
         self.requeue_at = 0

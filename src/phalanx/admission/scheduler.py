@@ -535,8 +535,8 @@ class Scheduler:
         self.evicting.pop(entry.key, None)
         self._release_placement(entry)
         claimer = self.claims.get(entry.claimed_by or "")
-        if claimer is not None:
-            claimer.victims_pending.discard(entry.key)
+        if claimer is not None and entry.key in claimer.victims_pending:
+            claimer.victims_pending = claimer.victims_pending - {entry.key}
             if not claimer.victims_pending:
                 self.ready_claims.append(claimer)
         entry.claimed_by = None
@@ -555,7 +555,7 @@ class Scheduler:
             victim = self.entries.get(victim_key)
             if victim is not None and victim.claimed_by == entry.key:
                 victim.claimed_by = None
-        entry.victims_pending = set()
+        entry.victims_pending = frozenset()
 
     def _release_placement(self, entry: Entry) -> None:
         if self.placement is None or entry.admission is None:
