@@ -305,7 +305,7 @@ def _process(
         failure = "no workloads to preempt"
     if _partial_admission(s, state, entry, out):
         return
-    if assignment.mode != FitMode.NO_FIT:
+    if assignment.mode != FitMode.NO_FIT or assignment.reason == PendingReason.WAITING_FOR_QUOTA:
         blocking = _holders(s, state, assignment)
     _park(s, state, entry, assignment, reason, failure, blocking)
 
@@ -438,7 +438,7 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
 
 def _holders(s: Scheduler, state: ClusterQueueState, assignment: Assignment) -> list[str]:
     """Who holds the quota the workload needs: its queue's workloads, borrowing queues."""
-    frs = set(assignment.usage)
+    frs = set(assignment.usage) or assignment.tried()
     limit = s.config.blocking_limit
     mine = [e for e in islice((e for e in state.running() if frs & e.usage.keys()), limit * 4)]
     mine.sort(key=lambda e: (e.priority, -e.admitted_at, e.seq))

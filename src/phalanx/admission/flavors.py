@@ -96,6 +96,15 @@ class Assignment:
             ),
         )
 
+    def tried(self) -> set[FlavorResource]:
+        """Every flavor-resource whose quota was checked (for naming who holds it)."""
+        return {
+            (flavor, check[0])
+            for _, _, attempts in self.raw
+            for flavor, _, _, _, _, checks in attempts
+            for check in checks
+        }
+
     def explain(self) -> tuple[PodSetExplanation, ...]:
         """The per pod set, per flavor record of what was tried (built only when asked)."""
         out = []

@@ -98,6 +98,7 @@ def test_explanation_lists_flavors_resources_and_blockers() -> None:
     assert (spot.requested, spot.nominal, spot.used) == (3000, 2000, 2000)
     assert spot.available == 1000 and spot.borrowable == 1000
     assert attempts[1].mode == FitMode.NO_FIT
+    assert "default/holder" in explanation.blocking
     assert "max" in explanation.details() and "on-demand" in explanation.details()
 
 
