@@ -440,13 +440,20 @@ def _holders(s: Scheduler, state: ClusterQueueState, assignment: Assignment) -> 
     """Who holds the quota the workload needs: its queue's workloads, borrowing queues."""
     frs = set(assignment.usage) or assignment.tried()
     limit = s.config.blocking_limit
-    mine = [e for e in islice((e for e in state.running() if frs & e.usage.keys()), limit * 4)]
+    if limit <= 0:
+        return []
+    using = (e for e in state.running() if any(fr in e.usage for fr in frs))
+    mine = list(islice(using, limit * 4))
     mine.sort(key=lambda e: (e.priority, -e.admitted_at, e.seq))
     names = [e.key for e in mine[:limit]]
     if state.node.parent is not None and len(names) < limit:
         borrowers = state.node.root.borrowers
-        others = sorted({n.name for fr in frs for n in borrowers.get(fr, ())} - {state.name})
-        names.extend(f"ClusterQueue/{name} (borrowing)" for name in others[: limit - len(names)])
+        # In the order they started borrowing: deterministic, and no sort of a big cohort.
+        others = (
+            n.name for fr in sorted(frs) for n in borrowers.get(fr, ()) if n is not state.node
+        )
+        seen = dict.fromkeys(islice(others, limit - len(names)))
+        names.extend(f"ClusterQueue/{name} (borrowing)" for name in seen)
     return names
 
 

@@ -87,7 +87,8 @@ class QuotaNode:
         # On a root: for each flavor-resource, the ClusterQueues of the tree using more than
         # their nominal quota of it. Kept current on every usage change, so "who is
         # borrowing" (preemption candidates, explanations) never scans the whole cohort.
-        self.borrowers: dict[FlavorResource, set[QuotaNode]] = {}
+        # (Insertion-ordered dicts used as sets: iteration is deterministic without sorting.)
+        self.borrowers: dict[FlavorResource, dict[QuotaNode, None]] = {}
         # potential_available depends on quotas only: memoised per quota version of the root
         # (bumped on every quota change in the tree).
         self.potential: dict[FlavorResource, int] = {}
@@ -442,13 +443,13 @@ def _track_borrowing(node: QuotaNode, fr: FlavorResource) -> None:
     if node.usage.get(fr, 0) > node.subtree.get(fr, 0):
         found = borrowers.get(fr)
         if found is None:
-            borrowers[fr] = {node}
+            borrowers[fr] = {node: None}
         else:
-            found.add(node)
+            found[node] = None
     else:
         found = borrowers.get(fr)
         if found is not None:
-            found.discard(node)
+            found.pop(node, None)
             if not found:
                 del borrowers[fr]
 
