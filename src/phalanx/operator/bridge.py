@@ -53,6 +53,8 @@ class SyncResult:
     invalid: dict[str, str] = field(default_factory=dict)
     """Workloads the core cannot take: key -> message naming the field."""
     finished: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    """Workloads new to the core in this sync (pending, to be explained after the cycle)."""
 
 
 class CoreBridge:
@@ -258,6 +260,7 @@ class CoreBridge:
                     result.resume_eviction[key] = str(evicted.get("reason") or "Preempted")
             else:
                 s.add_workload(workload)
+                result.added.append(key)
             self._generation[key] = (uid, generation)
             return
         if known is None or known[1] != generation:

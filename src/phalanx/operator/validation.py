@@ -4,33 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
 from phalanx.api.kinds import KINDS
+from phalanx.api.loader import check_object
 
 __all__ = ["validate_object"]
 
-_MODELS = {info.kind: info.model for info in KINDS}
+_KINDS = frozenset(info.kind for info in KINDS)
 # Written by the API server or by Phalanx itself; never part of what a user asks for.
 _SERVER_FIELDS = ("status",)
 
 
 def validate_object(obj: dict[str, Any]) -> list[str]:
     """One message per problem, each starting with its field path; empty when valid."""
-    kind = obj.get("kind")
-    model = _MODELS.get(str(kind))
-    if model is None:
+    if obj.get("kind") not in _KINDS:
         return []
     candidate = {k: v for k, v in obj.items() if k not in _SERVER_FIELDS}
-    try:
-        model.model_validate(candidate)
-    except ValidationError as error:
-        return [_format(e) for e in error.errors()]
-    return []
-
-
-def _format(error: Any) -> str:
-    path = ""
-    for part in error.get("loc", ()):
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return f"{path}: {error.get('msg')}" if path else str(error.get("msg"))
+    candidate.setdefault("apiVersion", "kueue.x-k8s.io/v1beta2")
+    _, errors = check_object(candidate)
+    return [str(error) for error in errors]
