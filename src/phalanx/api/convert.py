@@ -277,25 +277,32 @@ def _node_affinity(pod_spec: Mapping[str, Any]) -> tuple[core.NodeSelectorTerm, 
 def _topology(
     pod_set: Mapping[str, Any], template: Mapping[str, Any], path: str
 ) -> TopologyRequest | None:
-    request = pod_set.get("topologyRequest")
-    if request:
-        slice_level = request.get("podSetSliceRequiredTopology")
-        slice_size = request.get("podSetSliceSize")
-        if request.get("required"):
-            return TopologyRequest.required(
-                request["required"], slice_level=slice_level, slice_size=slice_size
-            )
-        if request.get("preferred"):
-            return TopologyRequest.preferred(
-                request["preferred"], slice_level=slice_level, slice_size=slice_size
-            )
-        if request.get("unconstrained") or slice_level:
-            return TopologyRequest.unconstrained(slice_level=slice_level, slice_size=slice_size)
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     try:
-        return _annotation_topology(annotations)
+        from_annotations = _annotation_topology(annotations)
     except ValueError as error:
         raise ConversionError(f"{path}.template.{error}") from error
+    request = pod_set.get("topologyRequest")
+    if not request:
+        return from_annotations
+    # Slices may come from the request (Kueue's fields) or the template's annotations.
+    slice_level = request.get("podSetSliceRequiredTopology") or (
+        from_annotations.slice_level if from_annotations else None
+    )
+    slice_size = request.get("podSetSliceSize") or (
+        from_annotations.slice_size if from_annotations else None
+    )
+    if request.get("required"):
+        return TopologyRequest.required(
+            request["required"], slice_level=slice_level, slice_size=slice_size
+        )
+    if request.get("preferred"):
+        return TopologyRequest.preferred(
+            request["preferred"], slice_level=slice_level, slice_size=slice_size
+        )
+    if request.get("unconstrained") or slice_level:
+        return TopologyRequest.unconstrained(slice_level=slice_level, slice_size=slice_size)
+    return from_annotations
 
 
 def workload(obj: Mapping[str, Any]) -> core.Workload:
@@ -373,6 +380,11 @@ def admission_to_status(admission: core.Admission) -> dict[str, Any]:
         if topology is not None:
             encode = getattr(topology, "topology_assignment", None)
             raw = encode() if callable(encode) else topology
+            if not isinstance(raw, Mapping):
+                raise ConversionError(
+                    f"status.admission.podSetAssignments[{ps.name}].topologyAssignment:"
+                    f" cannot encode {type(raw).__name__}"
+                )
             entry["topologyAssignment"] = kueue_topology_assignment(raw)
         assignments.append(entry)
     return {"clusterQueue": admission.cluster_queue, "podSetAssignments": assignments}

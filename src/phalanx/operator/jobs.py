@@ -46,13 +46,13 @@ TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
 KUEUE_GROUP = "kueue.x-k8s.io"
 MAIN_POD_SET = "main"
 
+# Slice annotations (podset-slice-required-topology, podset-slice-size) stay on the template
+# only: Phalanx's Workload schema has no slice fields yet, and the core reads them there.
 _TOPOLOGY_ANNOTATIONS = {
     "kueue.x-k8s.io/podset-required-topology": "required",
     "kueue.x-k8s.io/podset-preferred-topology": "preferred",
-    "kueue.x-k8s.io/podset-slice-required-topology": "podSetSliceRequiredTopology",
 }
 _UNCONSTRAINED_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
-_SLICE_SIZE_ANNOTATION = "kueue.x-k8s.io/podset-slice-size"
 _HASH_LENGTH = 5
 _MAX_NAME = 253
 
@@ -130,8 +130,6 @@ def _topology_request(annotations: Mapping[str, str]) -> dict[str, Any] | None:
             request[field_name] = annotations[annotation]
     if str(annotations.get(_UNCONSTRAINED_ANNOTATION, "")).lower() == "true":
         request["unconstrained"] = True
-    if annotations.get(_SLICE_SIZE_ANNOTATION):
-        request["podSetSliceSize"] = int(annotations[_SLICE_SIZE_ANNOTATION])
     if request:
         request["podIndexLabel"] = "batch.kubernetes.io/job-completion-index"
     return request or None
