@@ -1,0 +1,105 @@
+"""Restarts: all state is rebuilt from the API; an admitted Workload is restored, never
+admitted twice, and its quota is neither lost nor counted twice."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from operator_fixtures import *  # noqa: F403
+from operator_fixtures import (
+    apply,
+    cluster_queue,
+    condition,
+    delete_cluster_objects,
+    flavor,
+    gpu_job,
+    gpu_usage,
+    is_true,
+    local_queue,
+    node_pool,
+    start_operator,
+    wait_for,
+    workload_of,
+)
+
+from phalanx.devcluster.handle import ClusterHandle
+
+pytestmark = pytest.mark.integration
+
+POOL = "phx-restart"
+
+
+def test_restart_restores_admissions_without_readmitting_or_leaking_quota(
+    cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path, namespace: str
+) -> None:
+    cq = f"{namespace}-{int(time.time()) % 100000}"
+    with node_pool(cluster, POOL, racks=1, hosts=3):
+        apply(cluster, flavor(POOL, pool=POOL), cluster_queue(cq, flavor_name=POOL, gpus=16))
+        first = start_operator(cluster, tmp_path, name="first")
+        try:
+            apply(cluster, local_queue("lq", cluster_queue_name=cq), namespace=namespace)
+            for name in ("a", "b", "c"):
+                apply(cluster, gpu_job(name, queue="lq"), namespace=namespace)
+            wait_for(
+                "two admitted, one pending",
+                lambda: (
+                    sum(
+                        bool((w := workload_of(cluster, namespace, j)) and is_true(w, "Admitted"))
+                        for j in ("a", "b", "c")
+                    )
+                    == 2
+                    and gpu_usage(cluster, cq) == ("16", 2)
+                ),
+                log=first.log_tail,
+            )
+        finally:
+            first.stop()
+        before = {j: workload_of(cluster, namespace, j) for j in ("a", "b", "c")}
+        admitted = sorted(j for j, w in before.items() if w and is_true(w, "Admitted"))
+        (waiting,) = [j for j in ("a", "b", "c") if j not in admitted]
+
+        second = start_operator(cluster, tmp_path, name="second")
+        try:
+            time.sleep(3)
+            log = second.log.read_text()
+            for job in admitted:
+                wl = workload_of(cluster, namespace, job)
+                assert wl is not None
+                old, new = before[job], wl
+                assert old is not None
+                assert new["status"]["admission"] == old["status"]["admission"]
+                # Not admitted again: the condition did not transition.
+                assert (
+                    condition(new, "Admitted")["lastTransitionTime"]
+                    == condition(old, "Admitted")["lastTransitionTime"]
+                )
+                assert (
+                    f"event=workload_restored workload={namespace}/{wl['metadata']['name']}" in log
+                )
+                assert f"event=admitted workload={namespace}/{wl['metadata']['name']}" not in log
+            pending = workload_of(cluster, namespace, waiting)
+            assert pending is not None and not is_true(pending, "Admitted")
+            assert gpu_usage(cluster, cq) == ("16", 2)
+
+            # The restored usage is exact: finishing one admits the waiting Job, and no more.
+            cluster.kubectl_ok("delete", "job", admitted[0], "-n", namespace, "--wait=false")
+            wait_for(
+                "the waiting Job admitted into the freed quota",
+                lambda: (w := workload_of(cluster, namespace, waiting)) and is_true(w, "Admitted"),
+                timeout=30,
+                log=second.log_tail,
+            )
+            wait_for(
+                "16 GPUs in use again",
+                lambda: gpu_usage(cluster, cq) == ("16", 2),
+                log=second.log_tail,
+            )
+        finally:
+            second.stop()
+            delete_cluster_objects(
+                cluster,
+                f"clusterqueue.kueue.x-k8s.io/{cq}",
+                f"resourceflavor.kueue.x-k8s.io/{POOL}",
+            )
