@@ -49,6 +49,8 @@ class JobController:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._owner_of: dict[str, str] = {}  # workload key -> job key
+        self._pods_of: dict[str, set[str]] = {}  # job key -> keys of its live pods
+        self._job_of_pod: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         state.subscribe(self._on_change)
 
@@ -67,6 +69,9 @@ class JobController:
     # -- change routing -------------------------------------------------------------------------
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
+        if kind == "Pod":
+            self._track_pod(key, obj)
+            return
         if kind == "Job":
             if obj is not None:
                 self._owner_of[_workload_key(obj)] = key
@@ -77,6 +82,25 @@ class JobController:
                 job_key = _owner_job_key(obj)
             if job_key is not None:
                 self._enqueue(job_key)
+
+    def _track_pod(self, key: str, obj: dict[str, Any] | None) -> None:
+        """Index live pods by Job: an eviction is complete only when none is left."""
+        old = self._job_of_pod.pop(key, None)
+        if old is not None:
+            pods = self._pods_of.get(old)
+            if pods is not None:
+                pods.discard(key)
+                if not pods:
+                    del self._pods_of[old]
+                    self._enqueue(old)
+        if obj is None:
+            return
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        job_name = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        if job_name:
+            job_key = f"{obj['metadata']['namespace']}/{job_name}"
+            self._job_of_pod[key] = job_key
+            self._pods_of.setdefault(job_key, set()).add(key)
 
     def _enqueue(self, job_key: str) -> None:
         if job_key not in self._queued:
@@ -109,13 +133,24 @@ class JobController:
         return _owner_job_key(workload) is not None
 
     def job_stopped(self, workload: dict[str, Any]) -> bool:
-        """An evicted Workload's Job is suspended and has no running pods (or is gone)."""
-        job = self.job_of(workload)
-        if job is None:
+        """An evicted Workload's Job is suspended, the Job controller has acted on it, and
+        none of its pods is left (or the Job is gone).
+
+        ``status.active`` alone is not enough: right after a Job is unsuspended its status
+        still says 0 active while the Job controller is creating pods.
+        """
+        job_key = _owner_job_key(workload)
+        job = self.state.get("Job", job_key) if job_key else None
+        if job is None or job_key is None:
             return True
         spec = job.get("spec") or {}
         status = job.get("status") or {}
-        return bool(spec.get("suspend")) and not status.get("active")
+        return (
+            bool(spec.get("suspend"))
+            and cond.is_true(status.get("conditions"), "Suspended")
+            and not status.get("active")
+            and not self._pods_of.get(job_key)
+        )
 
     # -- reconcile ------------------------------------------------------------------------------
 
