@@ -62,19 +62,37 @@ class OperatorProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
             return str(r.read().decode())
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+    def stop(self) -> int | None:
+        """SIGTERM, then the exit code; None if it had to be killed after 30 s."""
+        if self.process.poll() is not None:
+            return self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+
+
+def _refuse_if_demo_operator_runs() -> None:
+    """Two operators on one cluster would both schedule and fight over the webhooks."""
+    pid_file = Path.home() / ".cache" / "phalanx" / "demo" / "operator.pid"
+    if not pid_file.exists():
+        return
+    pid = pid_file.read_text().strip()
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if pid and cmdline.exists() and b"operator" in cmdline.read_bytes():
+        raise AssertionError(
+            f"the operator of `phalanx demo` (pid {pid}) runs against this cluster; stop it "
+            f"first: kill {pid}"
+        )
 
 
 def start_operator(
     cluster: ClusterHandle, workdir: Path, *extra: str, name: str = "operator"
 ) -> OperatorProcess:
+    _refuse_if_demo_operator_runs()
     metrics_port = free_port()
     log = workdir / f"{name}.log"
     cmd = [

@@ -55,7 +55,8 @@ def test_restart_restores_admissions_without_readmitting_or_leaking_quota(
                 log=first.log_tail,
             )
         finally:
-            first.stop()
+            code = first.stop()
+        assert code == 0, f"the operator did not shut down cleanly on SIGTERM (exit {code})"
         before = {j: workload_of(cluster, namespace, j) for j in ("a", "b", "c")}
         admitted = sorted(j for j, w in before.items() if w and is_true(w, "Admitted"))
         (waiting,) = [j for j in ("a", "b", "c") if j not in admitted]

@@ -66,6 +66,13 @@ def register(subparsers: Any) -> None:
         default=0,
         help="evict and requeue admitted workloads whose pods are not ready in time (off)",
     )
+    parser.add_argument(
+        "--requeue-backoff-base",
+        type=float,
+        metavar="SECONDS",
+        default=60.0,
+        help="first requeue delay after a PodsReady timeout; doubles each time (60)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     parser.set_defaults(func=run)
 
@@ -97,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         wait_for_pods_ready=WaitForPodsReady(
             enabled=args.wait_for_pods_ready > 0,
             timeout_seconds=args.wait_for_pods_ready or 300.0,
+            backoff_base_seconds=args.requeue_backoff_base,
         ),
     )
     return run_operator(config)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
-import threading
 from typing import Any
 
 import kopf
@@ -120,14 +118,9 @@ def run(config: OperatorConfig) -> int:
     op = PhalanxOperator(config)
     registry = build_registry(op)
     settings = build_settings(config)
-    stop = threading.Event()
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        logger.info("event=stop_requested signal=%s", signal.Signals(signum).name)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request_stop)
+    # kopf installs its own SIGINT/SIGTERM handlers (main thread) and shuts down cleanly.
+    # A threading.Event stop flag would leave an executor thread blocked in wait(), which
+    # asyncio.run then joins forever.
     liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
     try:
         asyncio.run(
@@ -138,7 +131,6 @@ def run(config: OperatorConfig) -> int:
                 clusterwide=not config.namespaces,
                 namespaces=list(config.namespaces),
                 liveness_endpoint=liveness,
-                stop_flag=stop,
             )
         )
     except kopf.PermanentError as error:

@@ -115,7 +115,8 @@ class SchedulingLoop:
         writer.pending_allowed = self._still_pending
         self.evicting: dict[str, Eviction] = {}
         self._failed: list[tuple[str, int]] = []
-        self._unexplained: set[str] = set()  # (workload key, HTTP status) of failed admits
+        self._unexplained: set[str] = set()
+        self._pods_ready_checked = 0  # (workload key, HTTP status) of failed admits
         self._wait_synced = wait_synced
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -194,8 +195,47 @@ class SchedulingLoop:
             )
         for key, message in result.invalid.items():
             self.writer.explain(key, message=f"invalid workload: {message}", inadmissible=True)
+        self._check_pods_ready(now)
         self._progress_evictions(now)
         return result
+
+    def _check_pods_ready(self, now: int) -> None:
+        """Kueue's waitForPodsReady: an admitted workload whose pods are not all ready within
+        the timeout is evicted (PodsReadyTimeout) and requeued with exponential backoff."""
+        settings = self.config.wait_for_pods_ready
+        if not settings.enabled or now - self._pods_ready_checked < 1000:
+            return
+        self._pods_ready_checked = now
+        timeout_ms = settings.timeout_seconds * 1000
+        for key, workload in self.state.objects["Workload"].items():
+            if key in self.evicting:
+                continue
+            conditions = (workload.get("status") or {}).get("conditions") or []
+            if not cond.is_true(conditions, cond.ADMITTED) or cond.is_true(
+                conditions, cond.FINISHED
+            ):
+                continue
+            if cond.is_true(conditions, cond.PODS_READY):
+                continue
+            admitted = cond.condition(conditions, cond.ADMITTED) or {}
+            since = convert.timestamp_ms(admitted.get("lastTransitionTime"))
+            if not since or now - since < timeout_ms:
+                continue
+            entry = self.scheduler.entries.get(key)
+            if entry is None or entry.phase != Phase.ADMITTED:
+                continue
+            limit = settings.backoff_limit_count
+            if limit is not None and entry.requeue_count >= limit:
+                continue
+            self._start_eviction(
+                key,
+                Eviction(
+                    reason="PodsReadyTimeout",
+                    message=f"Exceeded the PodsReady timeout of {settings.timeout_seconds:.0f}s",
+                    cluster_queue=entry.cluster_queue or "",
+                    backoff=True,
+                ),
+            )
 
     async def _cycle(self) -> None:
         loop = asyncio.get_running_loop()
@@ -382,11 +422,19 @@ class SchedulingLoop:
                 status.get("conditions"), cond.QUOTA_RESERVED
             ):
                 return None  # someone else (Kueue's runner) already did it
-            return {
+            out: dict[str, Any] = {
                 "conditions": cond.eviction_done(
                     owned_conditions(current), reason=eviction.reason, now_ms=now
-                )
+                ),
+                "admission": None,
             }
+            entry = self.scheduler.entries.get(key)
+            if eviction.backoff and entry is not None and entry.requeue_count:
+                out["requeueState"] = {
+                    "count": entry.requeue_count,
+                    "requeueAt": cond.rfc3339(entry.requeue_at),
+                }
+            return out
 
         await self.writer.apply_status(key, build, verb="requeue")
         logger.info("event=evicted workload=%s reason=%s", key, eviction.reason)

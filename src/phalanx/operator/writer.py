@@ -104,6 +104,7 @@ class StatusWriter:
                 status = build(current)
                 if status is None:
                     return WriteOutcome(ok=True)
+                status = carry_over(current, status)
                 try:
                     await self._apply(current, status)
                     self.metrics.api_write("Workload", verb, ok=True)
@@ -258,6 +259,21 @@ class StatusWriter:
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
             self.metrics.api_write("Event", "create", ok=False)
             logger.debug("event=event_post_failed reason=%s error=%r", reason, error)
+
+
+# Status fields besides conditions that Phalanx may own. Server-side apply removes an owned
+# field that an apply omits, so every apply carries them over unless the builder drops one
+# explicitly by setting it to None (e.g. ``admission`` when an eviction completes).
+_CARRIED = ("admission", "requeueState")
+
+
+def carry_over(current: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    existing = current.get("status") or {}
+    out = dict(status)
+    for name in _CARRIED:
+        if name not in out and existing.get(name) is not None:
+            out[name] = existing[name]
+    return {name: value for name, value in out.items() if value is not None}
 
 
 def owned_conditions(workload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -80,3 +80,13 @@ def test_replacement_pod_goes_where_room_is_when_its_domain_is_full() -> None:
     placed = [{"rack": "r1", "kubernetes.io/hostname": "h1"}] * 2
     got = assign_domains(LEVELS, DOMAINS, placed, [("retry", 0)])
     assert got["retry"]["kubernetes.io/hostname"] == "h2"
+
+
+def test_status_applies_carry_owned_fields_unless_dropped() -> None:
+    from phalanx.operator.writer import carry_over
+
+    current = {"status": {"admission": {"clusterQueue": "cq"}, "requeueState": {"count": 1}}}
+    kept = carry_over(current, {"conditions": []})
+    assert kept["admission"] == {"clusterQueue": "cq"} and kept["requeueState"] == {"count": 1}
+    dropped = carry_over(current, {"conditions": [], "admission": None})
+    assert "admission" not in dropped and dropped["requeueState"] == {"count": 1}
