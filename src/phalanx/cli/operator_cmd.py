@@ -57,6 +57,12 @@ def register(subparsers: Any) -> None:
         "default ~/.cache/phalanx/webhook)",
     )
     parser.add_argument(
+        "--make-webhook-certs",
+        action="store_true",
+        help="write a CA and serving certificate for the webhook (for --webhook-service, or "
+        "--webhook-url/--webhook-listen) into --webhook-cert-dir, then exit",
+    )
+    parser.add_argument(
         "--no-webhooks", action="store_true", help="serve no webhooks (Jobs are not suspended)"
     )
     parser.add_argument(
@@ -94,6 +100,12 @@ def run(args: argparse.Namespace) -> int:
         service=args.webhook_service,
         **({"cert_dir": args.webhook_cert_dir} if args.webhook_cert_dir else {}),
     )
+    if args.make_webhook_certs:
+        from phalanx.operator.webhooks import webhook_server
+
+        server = webhook_server(webhook)
+        print(f"wrote {server.cafile}, {server.certfile}, {server.pkeyfile}")
+        return 0
     config = OperatorConfig(
         kubeconfig=args.kubeconfig,
         context=args.context,

@@ -53,6 +53,7 @@ class SyncResult:
     invalid: dict[str, str] = field(default_factory=dict)
     """Workloads the core cannot take: key -> message naming the field."""
     finished: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     """Workloads new to the core in this sync (pending, to be explained after the cycle)."""
 
@@ -222,6 +223,7 @@ class CoreBridge:
             self._generation.pop(key, None)
             self._terminal.discard(key)
             s.delete_workload(key)
+            result.deleted.append(key)
             return
         metadata = obj["metadata"]
         uid = metadata.get("uid", "")

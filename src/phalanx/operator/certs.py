@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,6 @@ class WebhookCerts:
 def ensure_webhook_certs(directory: Path, *, hosts: Sequence[str]) -> WebhookCerts:
     """Reuse the certificates in ``directory`` when they cover ``hosts`` and are not about to
     expire; otherwise write a new CA and serving certificate there."""
-    directory.mkdir(parents=True, exist_ok=True)
     certs = WebhookCerts(
         ca_file=directory / "ca.crt",
         cert_file=directory / "tls.crt",
@@ -48,6 +48,13 @@ def ensure_webhook_certs(directory: Path, *, hosts: Sequence[str]) -> WebhookCer
     )
     if _still_valid(certs, hosts):
         return certs
+    if directory.exists() and not os.access(directory, os.W_OK):
+        raise OSError(
+            f"{directory}: the webhook certificate there is missing, expired or not valid for "
+            f"{', '.join(hosts)}, and the folder is read-only; mount a Secret with ca.crt, "
+            "tls.crt and tls.key for those names (docs/operator.md)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "phalanx-webhook-ca")])

@@ -229,6 +229,8 @@ class JobController:
         except ApiError as error:
             if error.conflict:
                 return  # created by an earlier pass; its watch event is on the way
+            if error.status == 403 and "being terminated" in str(error):
+                return  # the namespace is going away, and the Job with it
             self.metrics.api_write("Workload", "create", ok=False)
             logger.warning(
                 "event=workload_create_failed job=%s/%s error=%r",

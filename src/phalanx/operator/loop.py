@@ -187,6 +187,9 @@ class SchedulingLoop:
                 self.scheduler.workload_evicted(key, now=now)
         self._failed.clear()
         result = self.bridge.sync(self.state.drain(), now_ms=now)
+        for key in result.deleted:
+            self.writer.forget(key)
+            self.evicting.pop(key, None)
         for key in result.evicted_elsewhere:
             self.evicting.pop(key, None)
         for key, reason in result.resume_eviction.items():

@@ -75,8 +75,10 @@ def webhook_server(config: WebhookConfig) -> PhalanxWebhookServer:
             hosts.insert(0, host)
     service = None
     if config.service:
+        # Reached only through the Service: its DNS names are what the certificate must cover
+        # (a mounted Secret is read-only, so no other name may be required of it).
         namespace, _, name = config.service.partition("/")
-        hosts = [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local", *hosts]
+        hosts = [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
         service = (namespace, name, 443)
     certs = ensure_webhook_certs(config.cert_dir, hosts=hosts)
     return PhalanxWebhookServer(

@@ -66,7 +66,7 @@ class StatusWriter:
         self._background_ready = asyncio.Event()
         self._last_pending: dict[str, tuple[str, float]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
-        self._workers = max(2, concurrency // 4)
+        self._workers = max(2, concurrency // 2)
         self._locks: dict[str, list[Any]] = {}
         self.pending_allowed: Callable[[str], bool] = lambda key: True
         """Set by the scheduling loop: whether ``key`` is still pending in the core (an
