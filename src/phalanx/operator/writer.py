@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
 from collections import OrderedDict
@@ -65,6 +66,8 @@ class StatusWriter:
         self._background: OrderedDict[str, str] = OrderedDict()  # key -> message to write
         self._background_ready = asyncio.Event()
         self._last_pending: dict[str, tuple[str, float]] = {}
+        self._deferred: dict[str, str] = {}
+        self._due: list[tuple[float, str]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._workers = max(2, concurrency // 2)
         self._locks: dict[str, list[Any]] = {}
@@ -168,32 +171,52 @@ class StatusWriter:
         encoded = ("I" if inadmissible else "P") + cond.truncate(message)
         last = self._last_pending.get(key)
         if last is not None and last[0] == encoded:
+            self._background.pop(key, None)
+            self._deferred.pop(key, None)
             return
-        self._background[key] = encoded
-        self._background.move_to_end(key)
+        due = last[1] + self.pending_min_interval if last is not None else 0.0
+        if due > time.monotonic():
+            # Too soon after the previous write: park it until it is due (latest wins).
+            if key not in self._deferred:
+                heapq.heappush(self._due, (due, key))
+            self._deferred[key] = encoded
+            self._background.pop(key, None)
+        else:
+            self._deferred.pop(key, None)
+            self._background[key] = encoded
+            self._background.move_to_end(key)
         self._background_ready.set()
 
     def forget(self, key: str) -> None:
         self._background.pop(key, None)
+        self._deferred.pop(key, None)
         self._last_pending.pop(key, None)
+
+    def _promote_due(self) -> float | None:
+        """Move parked explanations that are due into the ready queue; seconds until the
+        next one is due (None when none is parked)."""
+        now = time.monotonic()
+        while self._due:
+            due, key = self._due[0]
+            if key not in self._deferred:
+                heapq.heappop(self._due)  # forgotten or superseded
+                continue
+            if due > now:
+                return due - now
+            heapq.heappop(self._due)
+            self._background[key] = self._deferred.pop(key)
+        return None
 
     async def _pending_worker(self) -> None:
         while True:
-            await self._background_ready.wait()
+            wait = self._promote_due()
             if not self._background:
                 self._background_ready.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._background_ready.wait(), timeout=wait)
                 continue
             key, encoded = self._background.popitem(last=False)
-            last = self._last_pending.get(key)
             now = time.monotonic()
-            if last is not None and now - last[1] < self.pending_min_interval:
-                # Too soon after the previous write: put it back at the end and yield.
-                self._background[key] = encoded
-                if len(self._background) == 1:
-                    await asyncio.sleep(self.pending_min_interval - (now - last[1]))
-                else:
-                    await asyncio.sleep(0)
-                continue
             inadmissible, message = encoded[0] == "I", encoded[1:]
             self._last_pending[key] = (encoded, now)
 
