@@ -421,3 +421,12 @@ def gpu_usage(cluster: ClusterHandle, cq: str) -> tuple[str, int]:
 def delete_cluster_objects(cluster: ClusterHandle, *refs: str) -> None:
     for ref in refs:
         cluster.kubectl("delete", ref, "--ignore-not-found", "--wait=false")
+
+
+@pytest.fixture
+def cleanup(cluster: ClusterHandle) -> Iterator[list[str]]:
+    """Cluster-scoped objects (``kind/name``) a test appends here are deleted after it,
+    whatever happened."""
+    refs: list[str] = []
+    yield refs
+    delete_cluster_objects(cluster, *refs)

@@ -32,7 +32,11 @@ POOL = "phx-ready"
 
 
 def test_pods_never_ready_are_evicted_and_requeued_with_backoff(
-    cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path, namespace: str
+    cluster: ClusterHandle,
+    kueue_crds: Path,
+    tmp_path: Path,
+    namespace: str,
+    cleanup: list[str],
 ) -> None:
     cq_name = f"{namespace}-{int(time.time()) % 100000}"
     cq = cluster_queue(cq_name, flavor_name=POOL, gpus=16)
@@ -41,6 +45,10 @@ def test_pods_never_ready_are_evicted_and_requeued_with_backoff(
     group["coveredResources"].append("example.com/widget")
     group["flavors"][0]["resources"].append({"name": "example.com/widget", "nominalQuota": "4"})
     with node_pool(cluster, POOL, racks=1, hosts=1):
+        cleanup += [
+            f"clusterqueue.kueue.x-k8s.io/{cq_name}",
+            f"resourceflavor.kueue.x-k8s.io/{POOL}",
+        ]
         apply(cluster, flavor(POOL, pool=POOL), cq)
         op = start_operator(
             cluster,

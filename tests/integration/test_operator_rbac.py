@@ -45,7 +45,11 @@ def _service_account_kubeconfig(cluster: ClusterHandle, path: Path) -> None:
 
 
 def test_operator_runs_with_the_manifests_cluster_role_only(
-    cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path, namespace: str
+    cluster: ClusterHandle,
+    kueue_crds: Path,
+    tmp_path: Path,
+    namespace: str,
+    cleanup: list[str],
 ) -> None:
     cluster.kubectl_ok("apply", "-f", str(MANIFESTS / "namespace.yaml"))
     cluster.kubectl_ok("apply", "-f", str(MANIFESTS / "rbac.yaml"))
@@ -58,6 +62,7 @@ def test_operator_runs_with_the_manifests_cluster_role_only(
 
     cq = f"{namespace}-{int(time.time()) % 100000}"
     with node_pool(cluster, POOL, racks=1, hosts=1):
+        cleanup += [f"clusterqueue.kueue.x-k8s.io/{cq}", f"resourceflavor.kueue.x-k8s.io/{POOL}"]
         apply(cluster, flavor(POOL, pool=POOL), cluster_queue(cq, flavor_name=POOL, gpus=8))
         handle = ClusterHandle(
             state_dir=cluster.state_dir,

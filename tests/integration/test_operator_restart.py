@@ -32,10 +32,15 @@ POOL = "phx-restart"
 
 
 def test_restart_restores_admissions_without_readmitting_or_leaking_quota(
-    cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path, namespace: str
+    cluster: ClusterHandle,
+    kueue_crds: Path,
+    tmp_path: Path,
+    namespace: str,
+    cleanup: list[str],
 ) -> None:
     cq = f"{namespace}-{int(time.time()) % 100000}"
     with node_pool(cluster, POOL, racks=1, hosts=3):
+        cleanup += [f"clusterqueue.kueue.x-k8s.io/{cq}", f"resourceflavor.kueue.x-k8s.io/{POOL}"]
         apply(cluster, flavor(POOL, pool=POOL), cluster_queue(cq, flavor_name=POOL, gpus=16))
         first = start_operator(cluster, tmp_path, name="first")
         try:

@@ -144,6 +144,10 @@ class QueueStatus:
             return
         self._taken = now
         snapshot: dict[tuple[str, str], dict[str, Any]] = {}
+        for kind, name in self._snapshot:
+            if kind == "ClusterQueue" and name not in self.state.objects["ClusterQueue"]:
+                self.metrics.forget_queue(name)  # deleted: its series must not linger
+                self._written.pop((kind, name), None)
         for name, cq in self.state.objects["ClusterQueue"].items():
             status = cluster_queue_status(
                 scheduler, cq, invalid=invalid.get(f"ClusterQueue/{name}")
