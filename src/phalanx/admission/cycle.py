@@ -17,35 +17,29 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import replace
-from itertools import islice
 from typing import TYPE_CHECKING
 
+from phalanx.admission import explaining, ordering, placing, routing, stopping
 from phalanx.admission.decisions import (
     Admit,
     CycleResult,
     Evict,
-    Explanation,
     FitMode,
     PendingReason,
     Preempt,
     Victim,
 )
-from phalanx.admission.flavors import PODS, Assignment, assign_flavors
-from phalanx.admission.model import Admission, PodSetAssignment, PreemptionPolicy
-from phalanx.admission.placement_hook import PlacementDemand
+from phalanx.admission.flavors import Assignment, assign_flavors
+from phalanx.admission.model import PreemptionPolicy
 from phalanx.admission.preemption import Target, find_targets
 from phalanx.admission.records import Entry, Phase, Where
 from phalanx.admission.state import ClusterQueueState
-from phalanx.quotas.fairshare import share_path
 from phalanx.quotas.resources import FlavorResource, add_into
 
 if TYPE_CHECKING:
     from phalanx.admission.scheduler import Scheduler
 
 __all__ = ["run"]
-
-_Key = tuple[tuple[int, ...], int, int, int]
 
 
 class _Out:
@@ -88,7 +82,7 @@ def _requeue_backoffs(s: Scheduler, now: int) -> None:
         due, _, entry = heapq.heappop(s.backoff)
         if entry.where == Where.BACKOFF and entry.requeue_at == due and entry.key in s.entries:
             entry.where = Where.NOWHERE
-            s._route(entry)
+            routing.route(s, entry)
 
 
 def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
@@ -101,19 +95,23 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
         if state is None:
             continue
         topology: dict[str, object] = {}
-        if _needs_placement(s, entry.admission.pod_sets):
-            ok, topology, reason = _place_admission(s, entry, reserve=True)
+        if s.placement is not None and placing.needs_placement(
+            s.placement, entry.admission.pod_sets
+        ):
+            ok, topology, reason = placing.place_admission(
+                s.placement, entry.workload, entry.admission, reserve=True
+            )
             if not ok:
-                s._release_claim(entry)
+                stopping.release_claim(s, entry)
                 entry.phase = Phase.PENDING
-                s._route(entry)
-                s._explain(entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
+                routing.route(s, entry)
+                routing.explain(s, entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
                 continue
         s.claims.pop(entry.key, None)
         entry.phase = Phase.ADMITTED
         entry.admitted_at = out.now
         if topology:
-            entry.admission = _with_topology(entry.admission, topology)
+            entry.admission = placing.with_topology(entry.admission, topology)
         state.add_admitted(entry)
         _admitted_now(s, entry)
         out.admitted.append(Admit(entry.key, entry.admission, out.now))
@@ -135,16 +133,16 @@ def _explain_stopped_queues(s: Scheduler) -> None:
         state = s.queues.get(name)
         if state is None or state.can_admit:
             continue
-        text = s._inactive_text(state)
+        text = routing.inactive_text(s, state)
         for entry in state.queue.entries():
-            s._explain(entry, PendingReason.CLUSTER_QUEUE_INACTIVE, text)
+            routing.explain(s, entry, PendingReason.CLUSTER_QUEUE_INACTIVE, text)
 
 
 # -- steps 6-7 ---------------------------------------------------------------------------
 
 
 def _admit_heads(s: Scheduler, out: _Out) -> None:
-    heap: list[tuple[_Key, int, int, ClusterQueueState, Entry, Assignment | None]] = []
+    heap: list[tuple[ordering.Key, int, int, ClusterQueueState, Entry, Assignment | None]] = []
     counter = 0
 
     def nominate(state: ClusterQueueState) -> None:
@@ -157,7 +155,22 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
             s.active.discard(state.name)
             return
         counter += 1
-        heapq.heappush(heap, (_estimated_key(s, state, entry), counter, -1, state, entry, None))
+        heapq.heappush(
+            heap,
+            (
+                ordering.estimated_key(
+                    entry,
+                    state,
+                    fair_sharing=s.config.fair_sharing,
+                    lendable_cache=s.lendable_cache,
+                ),
+                counter,
+                -1,
+                state,
+                entry,
+                None,
+            ),
+        )
 
     for name in sorted(s.active):
         state = s.queues.get(name)
@@ -174,7 +187,13 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
             continue
         if assignment is None or version != state.node.root.version:
             assignment = _assign(s, state, entry, out)
-            fresh = _key(s, state, entry, assignment)
+            fresh = ordering.key(
+                entry,
+                state,
+                assignment,
+                fair_sharing=s.config.fair_sharing,
+                lendable_cache=s.lendable_cache,
+            )
             if heap and fresh > heap[0][0]:
                 # No longer first once its real key is known: let the better one go first.
                 counter += 1
@@ -186,45 +205,22 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
         nominate(state)
 
 
-def _key(s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment) -> _Key:
-    if s.config.fair_sharing:
-        shares = share_path(state.node, assignment.usage, lendable_cache=s.lendable_cache)
-        return (shares, -entry.priority, entry.order_time, entry.seq)
-    return ((assignment.borrowing,), -entry.priority, entry.order_time, entry.seq)
-
-
-def _estimated_key(s: Scheduler, state: ClusterQueueState, entry: Entry) -> _Key:
-    """``_key`` assuming each resource gets the first flavor of its group."""
-    usage = _first_flavor_usage(state, entry)
-    node = state.node
-    if s.config.fair_sharing:
-        shares = share_path(node, usage, lendable_cache=s.lendable_cache)
-        return (shares, -entry.priority, entry.order_time, entry.seq)
-    borrowing = int(
-        node.parent is not None
-        and any(node.usage.get(fr, 0) + amount > node.nominal(fr) for fr, amount in usage.items())
+def _key(
+    s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment
+) -> ordering.Key:
+    return ordering.key(
+        entry,
+        state,
+        assignment,
+        fair_sharing=s.config.fair_sharing,
+        lendable_cache=s.lendable_cache,
     )
-    return ((borrowing,), -entry.priority, entry.order_time, entry.seq)
 
 
-def _first_flavor_usage(state: ClusterQueueState, entry: Entry) -> dict[FlavorResource, int]:
-    cached = entry.estimate
-    if cached is not None and cached[0] is state.spec:
-        return cached[1]
-    usage: dict[FlavorResource, int] = {}
-    groups = state.spec.resource_groups
-    for ps in entry.workload.pod_sets:
-        requests = {res: per_pod * ps.count for res, per_pod in ps.requests.items()}
-        if PODS in state.group_of:
-            requests[PODS] = ps.count
-        for res, amount in requests.items():
-            group = state.group_of.get(res)
-            if group is None or not amount or not groups[group].flavors:
-                continue
-            fr = (groups[group].flavors[0].name, res)
-            usage[fr] = usage.get(fr, 0) + amount
-    entry.estimate = (state.spec, usage)
-    return usage
+def _estimated_key(s: Scheduler, state: ClusterQueueState, entry: Entry) -> ordering.Key:
+    return ordering.estimated_key(
+        entry, state, fair_sharing=s.config.fair_sharing, lendable_cache=s.lendable_cache
+    )
 
 
 def _assign(
@@ -292,7 +288,9 @@ def _process(
     reason: PendingReason | None = None
     blocking: Sequence[str] = ()
     if assignment.mode == FitMode.FIT:
-        ok, topology, failure = _place(s, entry, assignment, reserve=True)
+        ok, topology, failure = placing.place_assignment(
+            s.placement, entry.key, assignment, reserve=True
+        )
         if ok:
             _admit(s, state, entry, assignment, topology, out)
             return
@@ -306,8 +304,19 @@ def _process(
     if _partial_admission(s, state, entry, out):
         return
     if assignment.mode != FitMode.NO_FIT or assignment.reason == PendingReason.WAITING_FOR_QUOTA:
-        blocking = _holders(s, state, assignment)
-    _park(s, state, entry, assignment, reason, failure, blocking)
+        blocking = explaining.holders(state, assignment, limit=s.config.blocking_limit)
+    found = explaining.explanation(
+        entry=entry,
+        state=state,
+        assignment=assignment,
+        reason=reason,
+        extra=failure,
+        blocking=blocking,
+        now=s.now,
+    )
+    entry.explanation = found
+    s.fresh[entry.key] = found
+    state.queue.park_head_class(entry)
 
 
 def _targets(
@@ -384,7 +393,8 @@ def _preempt(
     s.claims[entry.key] = entry
     if any(amount > entry.usage.get(fr, 0) for fr, amount in freed.items()):
         s.dirty_roots.add(state.node.root)
-    s._explain(
+    routing.explain(
+        s,
         entry,
         PendingReason.WAITING_FOR_PREEMPTED_WORKLOADS,
         f"pending the preemption of {len(victims)} workload(s)",
@@ -405,7 +415,7 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
         counts = [low + delta * step // top for low, delta in zip(mins, deltas, strict=True)]
         assignment = _assign(s, state, entry, out, counts)
         if assignment.mode == FitMode.FIT:
-            if _place(s, entry, assignment, reserve=False)[0]:
+            if placing.place_assignment(s.placement, entry.key, assignment, reserve=False)[0]:
                 return assignment, []
             return None
         if assignment.mode == FitMode.PREEMPT:
@@ -429,148 +439,8 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
     if targets:
         _preempt(s, state, entry, assignment, targets, out)
         return True
-    ok, topology, _ = _place(s, entry, assignment, reserve=True)
+    ok, topology, _ = placing.place_assignment(s.placement, entry.key, assignment, reserve=True)
     if not ok:
         return False
     _admit(s, state, entry, assignment, topology, out)
     return True
-
-
-def _holders(s: Scheduler, state: ClusterQueueState, assignment: Assignment) -> list[str]:
-    """Who holds the quota the workload needs: its queue's workloads, borrowing queues."""
-    frs = set(assignment.usage) or assignment.tried()
-    limit = s.config.blocking_limit
-    if limit <= 0:
-        return []
-    using = (e for e in state.running() if any(fr in e.usage for fr in frs))
-    mine = list(islice(using, limit * 4))
-    mine.sort(key=lambda e: (e.priority, -e.admitted_at, e.seq))
-    names = [e.key for e in mine[:limit]]
-    if state.node.parent is not None and len(names) < limit:
-        borrowers = state.node.root.borrowers
-        # In the order they started borrowing: deterministic, and no sort of a big cohort.
-        others = (
-            n.name for fr in sorted(frs) for n in borrowers.get(fr, ()) if n is not state.node
-        )
-        seen = dict.fromkeys(islice(others, limit - len(names)))
-        names.extend(f"ClusterQueue/{name} (borrowing)" for name in seen)
-    return names
-
-
-def _park(
-    s: Scheduler,
-    state: ClusterQueueState,
-    entry: Entry,
-    assignment: Assignment,
-    reason: PendingReason | None,
-    extra: str,
-    blocking: Sequence[str],
-) -> None:
-    message = assignment.message or extra
-    if extra and assignment.message:
-        message = f"{assignment.message}; {extra}"
-    explanation = Explanation(
-        workload=entry.key,
-        cluster_queue=state.name,
-        reason=reason or assignment.reason or PendingReason.WAITING_FOR_QUOTA,
-        message=message or "does not fit",
-        time=s.now,
-        pod_sets=assignment.explain(),
-        blocking=tuple(blocking),
-    )
-    entry.explanation = explanation
-    s.fresh[entry.key] = explanation
-    state.queue.park_head_class(entry)
-
-
-# -- topology ----------------------------------------------------------------------------
-
-
-def _needs_placement(s: Scheduler, pod_sets: Sequence[PodSetAssignment]) -> bool:
-    placement = s.placement
-    if placement is None:
-        return False
-    return any(placement.has_topology(f) for ps in pod_sets for f in ps.flavors.values())
-
-
-def _place(
-    s: Scheduler, entry: Entry, assignment: Assignment, *, reserve: bool
-) -> tuple[bool, dict[str, object], str]:
-    """Quota fits; does the gang also fit physically on every flavor with a topology?"""
-    placement = s.placement
-    if placement is None:
-        return True, {}, ""
-    by_flavor: dict[str, list[PlacementDemand]] = {}
-    for choice in assignment.pod_sets:
-        tas = sorted({f for f in choice.flavors.values() if placement.has_topology(f)})
-        if not tas:
-            continue
-        ps = choice.pod_set
-        by_flavor.setdefault(tas[0], []).append(
-            PlacementDemand(
-                name=ps.name,
-                count=choice.count,
-                requests=ps.requests,
-                topology=ps.topology,
-                tolerations=ps.tolerations,
-                node_selector=ps.node_selector,
-            )
-        )
-    return _place_groups(s, entry.key, by_flavor, reserve=reserve)
-
-
-def _place_admission(
-    s: Scheduler, entry: Entry, *, reserve: bool
-) -> tuple[bool, dict[str, object], str]:
-    placement = s.placement
-    assert placement is not None and entry.admission is not None
-    pod_sets = {ps.name: ps for ps in entry.workload.pod_sets}
-    by_flavor: dict[str, list[PlacementDemand]] = {}
-    for assigned in entry.admission.pod_sets:
-        tas = sorted({f for f in assigned.flavors.values() if placement.has_topology(f)})
-        if not tas:
-            continue
-        ps = pod_sets[assigned.name]
-        by_flavor.setdefault(tas[0], []).append(
-            PlacementDemand(
-                name=ps.name,
-                count=assigned.count,
-                requests=ps.requests,
-                topology=ps.topology,
-                tolerations=ps.tolerations,
-                node_selector=ps.node_selector,
-            )
-        )
-    return _place_groups(s, entry.key, by_flavor, reserve=reserve)
-
-
-def _place_groups(
-    s: Scheduler, key: str, by_flavor: dict[str, list[PlacementDemand]], *, reserve: bool
-) -> tuple[bool, dict[str, object], str]:
-    placement = s.placement
-    assert placement is not None
-    done: list[str] = []
-    topology: dict[str, object] = {}
-    for flavor in sorted(by_flavor):
-        demands = by_flavor[flavor]
-        if reserve:
-            answer = placement.reserve(flavor=flavor, key=key, pod_sets=demands)
-        else:
-            answer = placement.place(flavor=flavor, key=key, pod_sets=demands)
-        if not answer.ok:
-            for held in done:
-                placement.release(flavor=held, key=key)
-            return False, {}, f"topology placement failed on flavor {flavor}: {answer.reason}"
-        done.append(flavor)
-        topology.update(answer.assignments)
-    return True, topology, ""
-
-
-def _with_topology(admission: Admission, topology: dict[str, object]) -> Admission:
-    return replace(
-        admission,
-        pod_sets=tuple(
-            replace(ps, topology_assignment=topology.get(ps.name, ps.topology_assignment))
-            for ps in admission.pod_sets
-        ),
-    )

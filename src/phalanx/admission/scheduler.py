@@ -11,16 +11,14 @@ where, what counts against which quota) for every event.
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from phalanx.admission import cycle
+from phalanx.admission import cycle, routing, stopping
 from phalanx.admission.decisions import (
     CycleResult,
     Evict,
-    EvictionReason,
     Explanation,
     PendingReason,
 )
@@ -30,13 +28,12 @@ from phalanx.admission.model import (
     Cohort,
     LocalQueue,
     ResourceFlavor,
-    StopPolicy,
     Workload,
     WorkloadPriorityClass,
 )
 from phalanx.admission.placement_hook import PlacementOracle
 from phalanx.admission.preemption import FairSharingStrategy
-from phalanx.admission.records import Entry, Phase, Where
+from phalanx.admission.records import Entry, Phase
 from phalanx.admission.state import ClusterQueueState
 from phalanx.quotas.fairshare import dominant_resource_share
 from phalanx.quotas.resources import FlavorResource
@@ -125,7 +122,7 @@ class Scheduler:
     def _flavors_changed(self) -> None:
         self.mismatch_cache.clear()
         for state in self.queues.values():
-            self._refresh_active(state)
+            routing.refresh_active(self, state)
         self._wake_everything()
 
     def apply_cluster_queue(self, spec: ClusterQueue) -> None:
@@ -142,10 +139,10 @@ class Scheduler:
             was_stopped = state.spec.stop_policy
             state.update(spec, node)
             if spec.stop_policy != was_stopped:
-                self._stop_policy_changed(state)
+                stopping.stop_policy_changed(self, state)
         self._structure_changed(old_root, node)
-        self._refresh_active(state)
-        self._reroute_held()
+        routing.refresh_active(self, state)
+        routing.reroute_held(self)
         for key in [k for k, (_, adm) in self.orphans.items() if adm.cluster_queue == spec.name]:
             workload, admission = self.orphans.pop(key)
             self.restore_admitted(workload, admission)
@@ -163,8 +160,11 @@ class Scheduler:
         for entry in list(state.queue.entries()):
             state.queue.discard(entry)
             entry.cluster_queue = None
-            self._hold(
-                entry, PendingReason.CLUSTER_QUEUE_NOT_FOUND, f"ClusterQueue {name} was deleted"
+            routing.hold(
+                self,
+                entry,
+                PendingReason.CLUSTER_QUEUE_NOT_FOUND,
+                f"ClusterQueue {name} was deleted",
             )
         del self.queues[name]
         self.active.discard(name)
@@ -181,12 +181,12 @@ class Scheduler:
         except CohortCycleError as exc:
             self.cycle_errors[spec.name] = str(exc)
             log.warning("event=cohort_cycle cohort=%s error=%r", spec.name, str(exc))
-            self._refresh_all_active()
+            routing.refresh_all_active(self)
             return
         self.cycle_errors.pop(spec.name, None)
         self.cohorts[spec.name] = spec
         self._structure_changed(old_root, self.tree.cohort(spec.name))
-        self._refresh_all_active()
+        routing.refresh_all_active(self)
 
     def delete_cohort(self, name: str) -> None:
         node = self.tree.cohort(name)
@@ -197,7 +197,7 @@ class Scheduler:
         old_root = node.root
         self.tree.remove_cohort(name)
         self._structure_changed(old_root, self.tree.cohort(name))
-        self._refresh_all_active()
+        routing.refresh_all_active(self)
 
     def apply_local_queue(self, spec: LocalQueue) -> None:
         old = self.local_queues.get(spec.key)
@@ -205,8 +205,8 @@ class Scheduler:
         if old is not None and (
             old.stop_policy != spec.stop_policy or old.cluster_queue != spec.cluster_queue
         ):
-            self._local_queue_changed(spec)
-        self._reroute_held()
+            stopping.local_queue_changed(self, spec)
+        routing.reroute_held(self)
 
     def delete_local_queue(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
@@ -214,8 +214,8 @@ class Scheduler:
             return
         for entry in list(self.entries.values()):
             if entry.local_queue == key and entry.phase == Phase.PENDING:
-                self._unqueue(entry)
-                self._route(entry)
+                routing.unqueue(self, entry)
+                routing.route(self, entry)
 
     def apply_priority_class(self, spec: WorkloadPriorityClass) -> None:
         # Like Kueue, a workload's priority is fixed when it is created.
@@ -228,8 +228,8 @@ class Scheduler:
         self.namespaces[name] = dict(labels)
         for entry in list(self.entries.values()):
             if entry.workload.namespace == name and entry.phase == Phase.PENDING:
-                self._unqueue(entry)
-                self._route(entry)
+                routing.unqueue(self, entry)
+                routing.route(self, entry)
 
     def delete_namespace(self, name: str) -> None:
         self.set_namespace(name, {})
@@ -244,21 +244,21 @@ class Scheduler:
             self._seq += 1
             entry = Entry(workload, priority=self._priority_of(workload), seq=self._seq)
             self.entries[entry.key] = entry
-            self._route(entry)
+            routing.route(self, entry)
             return
         if entry.phase == Phase.PENDING:
-            self._unqueue(entry)
+            routing.unqueue(self, entry)
             seq, requeue_at, count = entry.seq, entry.requeue_at, entry.requeue_count
             order_time = entry.order_time
             fresh = Entry(workload, priority=self._priority_of(workload), seq=seq)
             fresh.order_time = max(order_time, workload.creation_time)
             fresh.requeue_at, fresh.requeue_count = requeue_at, count
             self.entries[entry.key] = fresh
-            self._route(fresh)
+            routing.route(self, fresh)
             return
         entry.workload = workload
         if not workload.active:
-            self._deactivate(entry)
+            stopping.deactivate(self, entry)
 
     def delete_workload(self, key: str) -> None:
         """The workload is gone (deleted, or finished): release whatever it holds."""
@@ -266,11 +266,11 @@ class Scheduler:
         if entry is None:
             return
         if entry.phase == Phase.PENDING:
-            self._unqueue(entry)
+            routing.unqueue(self, entry)
         elif entry.phase == Phase.CLAIMING:
-            self._release_claim(entry)
+            stopping.release_claim(self, entry)
         else:
-            self._release_admitted(entry)
+            stopping.release_admitted(self, entry)
         self.fresh.pop(key, None)
 
     def finish_workload(self, key: str) -> None:
@@ -287,9 +287,9 @@ class Scheduler:
             return
         self.now = max(self.now, now)
         if entry.phase == Phase.CLAIMING:
-            self._release_claim(entry)
+            stopping.release_claim(self, entry)
         else:
-            self._release_admitted(entry)
+            stopping.release_admitted(self, entry)
         if backoff:
             entry.requeue_count += 1
             delay = self.config.backoff_base_ms * (2 ** (entry.requeue_count - 1))
@@ -297,7 +297,7 @@ class Scheduler:
             # Kueue orders a workload requeued after a PodsReady timeout by its eviction time.
             entry.order_time = now
         entry.phase = Phase.PENDING
-        self._route(entry)
+        routing.route(self, entry)
 
     def restore_admitted(self, workload: Workload, admission: Admission) -> None:
         """After a restart: ``workload`` is already admitted; count it without a cycle."""
@@ -384,123 +384,6 @@ class Scheduler:
             return self.priority_classes.get(workload.priority_class, 0)
         return 0
 
-    def _route(self, entry: Entry) -> None:
-        """Put a PENDING workload where it belongs: its ClusterQueue's queue, or held."""
-        workload = entry.workload
-        if not workload.active:
-            self._hold(entry, PendingReason.INACTIVE_WORKLOAD, "the workload is deactivated")
-            return
-        lq = self.local_queues.get(entry.local_queue)
-        if lq is None:
-            self._hold(
-                entry,
-                PendingReason.LOCAL_QUEUE_NOT_FOUND,
-                f"LocalQueue {workload.queue_name} doesn't exist in namespace {workload.namespace}",
-            )
-            return
-        if lq.stop_policy != StopPolicy.NONE:
-            self._hold(entry, PendingReason.LOCAL_QUEUE_STOPPED, f"LocalQueue {lq.name} is stopped")
-            return
-        state = self.queues.get(lq.cluster_queue)
-        if state is None or state.inactive_reason == "Terminating":
-            self._hold(
-                entry,
-                PendingReason.CLUSTER_QUEUE_NOT_FOUND,
-                f"ClusterQueue {lq.cluster_queue} doesn't exist",
-            )
-            return
-        selector = state.spec.namespace_selector
-        if selector is None or not selector.matches(self.namespaces.get(workload.namespace, {})):
-            self._hold(
-                entry,
-                PendingReason.NAMESPACE_MISMATCH,
-                f"the workload's namespace {workload.namespace} is not selected by"
-                f" ClusterQueue {state.name} (spec.namespaceSelector)",
-            )
-            return
-        entry.cluster_queue = state.name
-        if entry.requeue_at > self.now:
-            entry.where = Where.BACKOFF
-            self._backoff_seq += 1
-            heapq.heappush(self.backoff, (entry.requeue_at, self._backoff_seq, entry))
-            self._explain(
-                entry,
-                PendingReason.BACKOFF,
-                f"requeued after eviction; retry at {entry.requeue_at}",
-            )
-            return
-        self.held.pop(entry.key, None)
-        state.queue.push(entry)
-        self.active.add(state.name)
-        if not state.can_admit:
-            self._explain(entry, PendingReason.CLUSTER_QUEUE_INACTIVE, self._inactive_text(state))
-
-    def _hold(self, entry: Entry, reason: PendingReason, message: str) -> None:
-        entry.where = Where.HELD
-        self.held[entry.key] = entry
-        self._explain(entry, reason, message)
-
-    def _explain(self, entry: Entry, reason: PendingReason, message: str) -> None:
-        explanation = Explanation(
-            workload=entry.key,
-            cluster_queue=entry.cluster_queue,
-            reason=reason,
-            message=message,
-            time=self.now,
-        )
-        entry.explanation = explanation
-        self.fresh[entry.key] = explanation
-
-    def _unqueue(self, entry: Entry) -> None:
-        """Take a PENDING workload out of wherever it waits."""
-        if entry.where == Where.QUEUED and entry.cluster_queue in self.queues:
-            self.queues[entry.cluster_queue].queue.discard(entry)
-        self.held.pop(entry.key, None)
-        entry.where = Where.NOWHERE
-
-    def _reroute_held(self) -> None:
-        for entry in sorted(self.held.values(), key=lambda e: e.seq):
-            self.held.pop(entry.key, None)
-            entry.where = Where.NOWHERE
-            self._route(entry)
-
-    def _inactive_text(self, state: ClusterQueueState) -> str:
-        if state.inactive_reason:
-            return f"ClusterQueue {state.name} is inactive: {state.inactive_reason}"
-        return f"ClusterQueue {state.name} is stopped (spec.stopPolicy {state.spec.stop_policy})"
-
-    def _refresh_active(self, state: ClusterQueueState) -> None:
-        """Recompute whether a ClusterQueue can admit (flavors exist, no cohort cycle)."""
-        before = state.can_admit
-        reason = ""
-        if state.inactive_reason == "Terminating":
-            reason = "Terminating"
-        missing = [f for f in state.spec.flavor_names() if f not in self.flavors]
-        if not reason and missing:
-            reason = f"FlavorNotFound: flavor(s) {', '.join(missing)} not found"
-        if not reason and state.spec.cohort:
-            for node in state.node.path_to_root():
-                if node.name in self.cycle_errors and node.is_cohort:
-                    reason = f"CohortCycle: {self.cycle_errors[node.name]}"
-                    break
-            if not reason and state.spec.cohort in self.cycle_errors:
-                reason = f"CohortCycle: {self.cycle_errors[state.spec.cohort]}"
-        if not reason and self.placement is not None:
-            for fname in state.spec.flavor_names():
-                flavor = self.flavors.get(fname)
-                if flavor and flavor.topology_name and not self.placement.has_topology(fname):
-                    reason = f"TopologyNotFound: topology {flavor.topology_name} of flavor {fname}"
-                    break
-        state.inactive_reason = reason
-        if state.can_admit != before or not state.can_admit:
-            self.explain_queues.add(state.name)
-            if state.can_admit:
-                self.active.add(state.name)
-
-    def _refresh_all_active(self) -> None:
-        for state in self.queues.values():
-            self._refresh_active(state)
-
     def _structure_changed(self, old_root: QuotaNode | None, node: QuotaNode | None) -> None:
         self.members_cache.clear()
         self.lendable_cache.clear()
@@ -520,98 +403,3 @@ class Scheduler:
             found = [self.queues[n.name] for n in root.cluster_queues() if n.name in self.queues]
             self.members_cache[root] = found
         return found
-
-    def _release_admitted(self, entry: Entry) -> None:
-        """An ADMITTED or EVICTING workload stops counting: free its quota and placement."""
-        state = self.queues.get(entry.cluster_queue or "")
-        if entry.usage and state is not None:
-            self.tree.remove_usage(state.node, entry.usage)
-            self.dirty_roots.add(state.node.root)
-        entry.usage = {}
-        if state is not None:
-            state.remove_admitted(entry)
-            if state.inactive_reason == "Terminating" and not state.admitted:
-                self.delete_cluster_queue(state.name)
-        self.evicting.pop(entry.key, None)
-        self._release_placement(entry)
-        claimer = self.claims.get(entry.claimed_by or "")
-        if claimer is not None and entry.key in claimer.victims_pending:
-            claimer.victims_pending = claimer.victims_pending - {entry.key}
-            if not claimer.victims_pending:
-                self.ready_claims.append(claimer)
-        entry.claimed_by = None
-        entry.admission = None
-
-    def _release_claim(self, entry: Entry) -> None:
-        """A preemptor gives up its claim (deleted, stopped queue, deactivated)."""
-        state = self.queues.get(entry.cluster_queue or "")
-        if entry.usage and state is not None:
-            self.tree.remove_usage(state.node, entry.usage)
-            self.dirty_roots.add(state.node.root)
-        entry.usage = {}
-        entry.admission = None
-        self.claims.pop(entry.key, None)
-        for victim_key in entry.victims_pending:
-            victim = self.entries.get(victim_key)
-            if victim is not None and victim.claimed_by == entry.key:
-                victim.claimed_by = None
-        entry.victims_pending = frozenset()
-
-    def _release_placement(self, entry: Entry) -> None:
-        if self.placement is None or entry.admission is None:
-            return
-        for flavor in sorted({f for ps in entry.admission.pod_sets for f in ps.flavors.values()}):
-            if self.placement.has_topology(flavor):
-                self.placement.release(flavor=flavor, key=entry.key)
-
-    def _evict(self, entry: Entry, reason: EvictionReason, message: str) -> None:
-        """Ask the operator to evict an admitted workload; usage counts until it confirms."""
-        if entry.phase != Phase.ADMITTED:
-            return
-        entry.phase = Phase.EVICTING
-        self.evicting[entry.key] = entry
-        self.pending_evictions.append(Evict(entry.key, reason, message, self.now))
-
-    def _deactivate(self, entry: Entry) -> None:
-        if entry.phase == Phase.ADMITTED:
-            self._evict(entry, EvictionReason.DEACTIVATED, "the workload was deactivated")
-        elif entry.phase == Phase.CLAIMING:
-            self._release_claim(entry)
-            entry.phase = Phase.PENDING
-            self._route(entry)
-
-    def _stop_policy_changed(self, state: ClusterQueueState) -> None:
-        for entry in [e for e in self.claims.values() if e.cluster_queue == state.name]:
-            self._release_claim(entry)
-            entry.phase = Phase.PENDING
-            self._route(entry)
-        if state.spec.stop_policy == StopPolicy.HOLD_AND_DRAIN:
-            for entry in sorted(state.admitted.values(), key=lambda e: e.seq):
-                self._evict(
-                    entry,
-                    EvictionReason.CLUSTER_QUEUE_STOPPED,
-                    f"ClusterQueue {state.name} is stopped with HoldAndDrain",
-                )
-        self.explain_queues.add(state.name)
-        if state.can_admit:
-            self.active.add(state.name)
-            self.dirty_roots.add(state.node.root)
-
-    def _local_queue_changed(self, lq: LocalQueue) -> None:
-        stopped = lq.stop_policy != StopPolicy.NONE
-        for entry in sorted(self.entries.values(), key=lambda e: e.seq):
-            if entry.local_queue != lq.key:
-                continue
-            if entry.phase == Phase.PENDING:
-                self._unqueue(entry)
-                self._route(entry)
-            elif entry.phase == Phase.CLAIMING and stopped:
-                self._release_claim(entry)
-                entry.phase = Phase.PENDING
-                self._route(entry)
-            elif entry.phase == Phase.ADMITTED and lq.stop_policy == StopPolicy.HOLD_AND_DRAIN:
-                self._evict(
-                    entry,
-                    EvictionReason.LOCAL_QUEUE_STOPPED,
-                    f"LocalQueue {lq.name} is stopped with HoldAndDrain",
-                )

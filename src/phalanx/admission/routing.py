@@ -1,0 +1,159 @@
+"""Where a pending workload waits, and why: its ClusterQueue's queue, held aside
+(LocalQueue or ClusterQueue missing, namespace not selected, LocalQueue stopped, workload
+inactive), or backing off; and whether each ClusterQueue may admit at all.
+
+Functions of the ``Scheduler``'s books, kept apart from the façade's event methods.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from phalanx.admission.decisions import Explanation, PendingReason
+from phalanx.admission.model import StopPolicy
+from phalanx.admission.records import Entry, Where
+from phalanx.admission.state import ClusterQueueState
+
+if TYPE_CHECKING:
+    from phalanx.admission.scheduler import Scheduler
+
+__all__ = [
+    "explain",
+    "hold",
+    "inactive_text",
+    "refresh_active",
+    "refresh_all_active",
+    "reroute_held",
+    "route",
+    "unqueue",
+]
+
+
+def route(s: Scheduler, entry: Entry) -> None:
+    """Put a PENDING workload where it belongs: its ClusterQueue's queue, or held."""
+    workload = entry.workload
+    if not workload.active:
+        hold(s, entry, PendingReason.INACTIVE_WORKLOAD, "the workload is deactivated")
+        return
+    lq = s.local_queues.get(entry.local_queue)
+    if lq is None:
+        hold(
+            s,
+            entry,
+            PendingReason.LOCAL_QUEUE_NOT_FOUND,
+            f"LocalQueue {workload.queue_name} doesn't exist in namespace {workload.namespace}",
+        )
+        return
+    if lq.stop_policy != StopPolicy.NONE:
+        hold(s, entry, PendingReason.LOCAL_QUEUE_STOPPED, f"LocalQueue {lq.name} is stopped")
+        return
+    state = s.queues.get(lq.cluster_queue)
+    if state is None or state.inactive_reason == "Terminating":
+        hold(
+            s,
+            entry,
+            PendingReason.CLUSTER_QUEUE_NOT_FOUND,
+            f"ClusterQueue {lq.cluster_queue} doesn't exist",
+        )
+        return
+    selector = state.spec.namespace_selector
+    if selector is None or not selector.matches(s.namespaces.get(workload.namespace, {})):
+        hold(
+            s,
+            entry,
+            PendingReason.NAMESPACE_MISMATCH,
+            f"the workload's namespace {workload.namespace} is not selected by"
+            f" ClusterQueue {state.name} (spec.namespaceSelector)",
+        )
+        return
+    entry.cluster_queue = state.name
+    if entry.requeue_at > s.now:
+        entry.where = Where.BACKOFF
+        s._backoff_seq += 1
+        heapq.heappush(s.backoff, (entry.requeue_at, s._backoff_seq, entry))
+        explain(
+            s,
+            entry,
+            PendingReason.BACKOFF,
+            f"requeued after eviction; retry at {entry.requeue_at}",
+        )
+        return
+    s.held.pop(entry.key, None)
+    state.queue.push(entry)
+    s.active.add(state.name)
+    if not state.can_admit:
+        explain(s, entry, PendingReason.CLUSTER_QUEUE_INACTIVE, inactive_text(s, state))
+
+
+def hold(s: Scheduler, entry: Entry, reason: PendingReason, message: str) -> None:
+    entry.where = Where.HELD
+    s.held[entry.key] = entry
+    explain(s, entry, reason, message)
+
+
+def explain(s: Scheduler, entry: Entry, reason: PendingReason, message: str) -> None:
+    explanation = Explanation(
+        workload=entry.key,
+        cluster_queue=entry.cluster_queue,
+        reason=reason,
+        message=message,
+        time=s.now,
+    )
+    entry.explanation = explanation
+    s.fresh[entry.key] = explanation
+
+
+def unqueue(s: Scheduler, entry: Entry) -> None:
+    """Take a PENDING workload out of wherever it waits."""
+    if entry.where == Where.QUEUED and entry.cluster_queue in s.queues:
+        s.queues[entry.cluster_queue].queue.discard(entry)
+    s.held.pop(entry.key, None)
+    entry.where = Where.NOWHERE
+
+
+def reroute_held(s: Scheduler) -> None:
+    for entry in sorted(s.held.values(), key=lambda e: e.seq):
+        s.held.pop(entry.key, None)
+        entry.where = Where.NOWHERE
+        route(s, entry)
+
+
+def inactive_text(s: Scheduler, state: ClusterQueueState) -> str:
+    if state.inactive_reason:
+        return f"ClusterQueue {state.name} is inactive: {state.inactive_reason}"
+    return f"ClusterQueue {state.name} is stopped (spec.stopPolicy {state.spec.stop_policy})"
+
+
+def refresh_active(s: Scheduler, state: ClusterQueueState) -> None:
+    """Recompute whether a ClusterQueue can admit (flavors exist, no cohort cycle)."""
+    before = state.can_admit
+    reason = ""
+    if state.inactive_reason == "Terminating":
+        reason = "Terminating"
+    missing = [f for f in state.spec.flavor_names() if f not in s.flavors]
+    if not reason and missing:
+        reason = f"FlavorNotFound: flavor(s) {', '.join(missing)} not found"
+    if not reason and state.spec.cohort:
+        for node in state.node.path_to_root():
+            if node.name in s.cycle_errors and node.is_cohort:
+                reason = f"CohortCycle: {s.cycle_errors[node.name]}"
+                break
+        if not reason and state.spec.cohort in s.cycle_errors:
+            reason = f"CohortCycle: {s.cycle_errors[state.spec.cohort]}"
+    if not reason and s.placement is not None:
+        for fname in state.spec.flavor_names():
+            flavor = s.flavors.get(fname)
+            if flavor and flavor.topology_name and not s.placement.has_topology(fname):
+                reason = f"TopologyNotFound: topology {flavor.topology_name} of flavor {fname}"
+                break
+    state.inactive_reason = reason
+    if state.can_admit != before or not state.can_admit:
+        s.explain_queues.add(state.name)
+        if state.can_admit:
+            s.active.add(state.name)
+
+
+def refresh_all_active(s: Scheduler) -> None:
+    for state in s.queues.values():
+        refresh_active(s, state)
