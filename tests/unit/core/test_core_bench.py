@@ -221,3 +221,9 @@ def test_tas_scenario_places_every_gang(tmp_path: Path, capsys: pytest.CaptureFi
     assert payload["classes"]["small-required-rack"]["count"] == 40
     assert payload["classes"]["large-balanced-rack"]["count"] == 10
     assert payload["admissions"] == 50 + payload["evictions"]
+
+
+def test_cpu_budget_is_enforced(small: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "core", "--config", str(small), "--cpu-budget-s", "0"]) == 1
+    assert "budget 0.0 s" in capsys.readouterr().out
+    assert main(["bench", "core", "--config", str(small), "--cpu-budget-s", "60"]) == 0
