@@ -268,6 +268,7 @@ def test_informer_and_state_cost_under_one_cpu_second_per_10k_workload_events(
             "DELETE",
             WORKLOADS.path(namespace=namespace),
             params={"propagationPolicy": "Background"},
+            timeout=600,  # deleting 20,000 objects in one call takes minutes on this machine
         )
         for _ in range(240):
             page = await api.request(
