@@ -296,11 +296,17 @@ def _process(
             return
         reason = PendingReason.TOPOLOGY_PLACEMENT_FAILED
     elif assignment.mode == FitMode.PREEMPT:
-        targets = _targets(s, state, entry, assignment)
+        targets, probe = _targets(s, state, entry, assignment)
         if targets:
             _preempt(s, state, entry, assignment, targets, out)
             return
-        failure = "no workloads to preempt"
+        if probe is not None and probe.failure:
+            # Quota could be freed, but the gang would still not fit physically: evicting
+            # anyone would be for nothing (and would repeat every time the victim returns).
+            reason = PendingReason.TOPOLOGY_PLACEMENT_FAILED
+            failure = f"{probe.failure}, even after preemption"
+        else:
+            failure = "no workloads to preempt"
     if _partial_admission(s, state, entry, out):
         return
     if assignment.mode != FitMode.NO_FIT or assignment.reason == PendingReason.WAITING_FOR_QUOTA:
@@ -321,8 +327,16 @@ def _process(
 
 def _targets(
     s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment
-) -> list[Target]:
-    return find_targets(
+) -> tuple[list[Target], placing.PlacementProbe | None]:
+    """Victims that let the preemptor fit, quota and (on a TAS flavor) placement; and the
+    placement probe used, whose ``failure`` says why placement did not fit."""
+    probe = None
+    placement = s.placement
+    if placement is not None and any(
+        placement.has_topology(f) for c in assignment.pod_sets for f in c.flavors.values()
+    ):
+        probe = placing.PlacementProbe(placement, entry.key, assignment)
+    targets = find_targets(
         preemptor=entry,
         request=assignment.usage,
         frs=assignment.preempt_frs,
@@ -332,7 +346,9 @@ def _targets(
         fair_sharing=s.config.fair_sharing_strategies if s.config.fair_sharing else None,
         lendable_cache=s.lendable_cache,
         cycle=s.cycle_number,
+        placement_fits=probe,
     )
+    return targets, probe
 
 
 def _admit(
@@ -419,7 +435,7 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
                 return assignment, []
             return None
         if assignment.mode == FitMode.PREEMPT:
-            targets = _targets(s, state, entry, assignment)
+            targets, _ = _targets(s, state, entry, assignment)
             if targets:
                 return assignment, targets
         return None

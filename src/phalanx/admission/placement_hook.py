@@ -2,13 +2,15 @@
 
 On such a flavor a workload needs quota **and** a placement of its whole gang. The scheduler
 calls a ``PlacementOracle`` after the quota check passes: ``place`` to test (what-if),
-``reserve`` when it admits, ``release`` when the workload finishes or is evicted. With no
-oracle (``None``) flavors are treated as quota only.
+``reserve`` when it admits, ``release`` when the workload finishes or is evicted. Preemption
+asks ``place_without`` (what-if with some admitted workloads gone) so that it only evicts
+victims whose absence lets the gang be placed. With no oracle (``None``) flavors are treated
+as quota only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -52,6 +54,19 @@ class PlacementOracle(Protocol):
         self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
     ) -> PlacementAnswer:
         """Would the gang ``key`` fit on ``flavor`` now? Never changes anything."""
+        ...
+
+    def place_without(
+        self,
+        *,
+        flavor: str,
+        key: str,
+        pod_sets: Sequence[PlacementDemand],
+        removed: Collection[str],
+    ) -> PlacementAnswer:
+        """Would the gang ``key`` fit on ``flavor`` if the workloads ``removed`` released
+        what they hold there? Never changes anything (Kueue's preemption what-if on a
+        speculative snapshot); unknown keys are ignored."""
         ...
 
     def reserve(

@@ -2,19 +2,26 @@
 
 Pod sets are grouped by the TAS flavor they were assigned; each group is placed (what-if)
 or reserved in one call, and a failure on any flavor releases what the others reserved, so
-a gang holds placements everywhere or nowhere.
+a gang holds placements everywhere or nowhere. ``PlacementProbe`` is the victim search's
+question "would it fit physically if these workloads were gone?".
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 
 from phalanx.admission.flavors import Assignment
 from phalanx.admission.model import Admission, PodSet, PodSetAssignment, Workload
 from phalanx.admission.placement_hook import PlacementDemand, PlacementOracle
 
-__all__ = ["needs_placement", "place_admission", "place_assignment", "with_topology"]
+__all__ = [
+    "PlacementProbe",
+    "needs_placement",
+    "place_admission",
+    "place_assignment",
+    "with_topology",
+]
 
 Outcome = tuple[bool, dict[str, object], str]
 """(placed, topology assignment per pod set name, why not)."""
@@ -42,6 +49,34 @@ def place_assignment(
     )
 
 
+class PlacementProbe:
+    """Whether a preemptor's gang fits on its TAS flavors once some workloads are gone.
+
+    The victim search calls it after the quota fits, with the keys of the workloads it has
+    taken out; ``failure`` keeps the latest reason it did not fit, for the explanation.
+    """
+
+    __slots__ = ("assignment", "failure", "key", "placement")
+
+    def __init__(self, placement: PlacementOracle, key: str, assignment: Assignment) -> None:
+        self.placement = placement
+        self.key = key
+        self.assignment = assignment
+        self.failure = ""
+
+    def __call__(self, removed: Collection[str]) -> bool:
+        ok, _, why = _place(
+            self.placement,
+            self.key,
+            ((c.pod_set, c.count, c.flavors.values()) for c in self.assignment.pod_sets),
+            reserve=False,
+            removed=removed,
+        )
+        if not ok:
+            self.failure = why
+        return ok
+
+
 def place_admission(
     placement: PlacementOracle, workload: Workload, admission: Admission, *, reserve: bool
 ) -> Outcome:
@@ -61,6 +96,7 @@ def _place(
     pod_sets: Iterable[tuple[PodSet, int, Iterable[str]]],
     *,
     reserve: bool,
+    removed: Collection[str] | None = None,
 ) -> Outcome:
     by_flavor: dict[str, list[PlacementDemand]] = {}
     for ps, count, flavors in pod_sets:
@@ -83,6 +119,10 @@ def _place(
         demands = by_flavor[flavor]
         if reserve:
             answer = placement.reserve(flavor=flavor, key=key, pod_sets=demands)
+        elif removed is not None:
+            answer = placement.place_without(
+                flavor=flavor, key=key, pod_sets=demands, removed=removed
+            )
         else:
             answer = placement.place(flavor=flavor, key=key, pod_sets=demands)
         if not answer.ok:

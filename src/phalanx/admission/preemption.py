@@ -13,6 +13,10 @@ Kueue's classic preemption (``pkg/scheduler/preemption``):
 3. Which candidates may be used and whether the preemptor may borrow depends on whether it
    fits within its nominal quota and on ``borrowWithinCohort``.
 
+"Fits" means quota **and**, on a flavor with a topology, a physical placement of the whole
+gang with the removed workloads' placements released (``placement_fits``, a what-if), as
+Kueue does with TAS: a preemptor that still could not be placed evicts nobody.
+
 With fair sharing, candidates in other queues are taken from the queue with the highest
 dominant resource share first, while the strategies (``LessThanOrEqualToFinalShare``,
 ``LessThanInitialShare``) allow it.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from phalanx.admission.decisions import PreemptionReason
 from phalanx.admission.model import PreemptionPolicy
@@ -35,9 +39,11 @@ from phalanx.quotas.fairshare import dominant_resource_share
 from phalanx.quotas.resources import FlavorResource
 from phalanx.quotas.tree import QuotaNode, ResourceTree
 
-__all__ = ["FairSharingStrategy", "Target", "find_targets"]
+__all__ = ["FairSharingStrategy", "PlacementFits", "Target", "find_targets"]
 
 Target = tuple[Entry, PreemptionReason]
+PlacementFits = Callable[[Collection[str]], bool]
+"""Whether the preemptor can be placed once the workloads with these keys are gone."""
 
 
 class FairSharingStrategy(enum.StrEnum):
@@ -56,12 +62,14 @@ class _Search:
         states: Mapping[str, ClusterQueueState],
         request: Mapping[FlavorResource, int],
         frs: set[FlavorResource],
+        placement_fits: PlacementFits | None,
     ) -> None:
         self.tree = tree
         self.cq = cq
         self.states = states
         self.request = request
         self.frs = frs
+        self.placement_fits = placement_fits
         # Entries whose usage is currently taken out of the tree, by id.
         self.removed: dict[int, Entry] = {}
 
@@ -89,7 +97,10 @@ class _Search:
                 return False
             if amount > node.available(fr):
                 return False
-        return True
+        if self.placement_fits is None:
+            return True
+        # Only once the quota fits: placement is the expensive half of the question.
+        return self.placement_fits([entry.key for entry in self.removed.values()])
 
     def minimal(
         self,
@@ -198,13 +209,15 @@ def find_targets(
     fair_sharing: Sequence[FairSharingStrategy] | None = None,
     lendable_cache: dict[str, dict[str, int]] | None = None,
     cycle: int = 1 << 62,
+    placement_fits: PlacementFits | None = None,
 ) -> list[Target]:
     """Victims for ``preemptor`` (empty when preemption cannot make it fit).
 
     ``request`` is its usage per flavor-resource, ``frs`` those that need preemption,
     ``states`` every ClusterQueue by name. ``fair_sharing`` None selects classic
     preemption, else the fair-sharing strategies in order. Workloads admitted in cycle
-    ``cycle`` (the current one) are not candidates.
+    ``cycle`` (the current one) are not candidates. ``placement_fits`` (on a flavor with a
+    topology) must also hold for the victims: without it, no victim is chosen.
     """
     borrow_policy = cq.spec.preemption.borrow_within_cohort
     # Workloads of other queues only ever help when reclaiming below nominal quota,
@@ -217,7 +230,13 @@ def find_targets(
     candidates = _candidates(preemptor, cq, states, frs, include_cohort=include_cohort, cycle=cycle)
     if not candidates:
         return []
-    search = _Search(tree=tree, cq=cq, states=states, request=request, frs=frs)
+    if placement_fits is not None and not placement_fits([c.key for c in candidates]):
+        # Not even with every candidate gone: skip the search (a gang wider than any domain
+        # would otherwise ask placement once per candidate, for nothing).
+        return []
+    search = _Search(
+        tree=tree, cq=cq, states=states, request=request, frs=frs, placement_fits=placement_fits
+    )
     same_queue = [c for c in candidates if c.cluster_queue == cq.name]
     if len(same_queue) == len(candidates):
         # Only our own queue's workloads: preempt them, borrowing if need be.

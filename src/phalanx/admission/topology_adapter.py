@@ -8,7 +8,7 @@ assignment in the admission is the placement's ``PodSetPlacement`` (its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from phalanx.admission.placement_hook import PlacementAnswer, PlacementDemand
 from phalanx.placement import (
@@ -38,6 +38,23 @@ class TopologyPlacement:
         if topology is None:
             return PlacementAnswer(False, reason=f"flavor {flavor} has no topology")
         return _answer(topology.place(_gang(key, pod_sets)))
+
+    def place_without(
+        self,
+        *,
+        flavor: str,
+        key: str,
+        pod_sets: Sequence[PlacementDemand],
+        removed: Collection[str],
+    ) -> PlacementAnswer:
+        topology = self.topologies.get(flavor)
+        if topology is None:
+            return PlacementAnswer(False, reason=f"flavor {flavor} has no topology")
+        # speculate() undoes the releases on exit: the victims keep their reservations.
+        with topology.speculate():
+            for victim in sorted(removed):
+                topology.release(victim)
+            return _answer(topology.place(_gang(key, pod_sets)))
 
     def reserve(
         self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]

@@ -10,7 +10,7 @@ are carried over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from phalanx.admission.model import ResourceFlavor
@@ -140,6 +140,20 @@ class TopologyOracle:
         self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
     ) -> PlacementAnswer:
         return self._answer(self.flavors[flavor].place(_gang(key, pod_sets)))
+
+    def place_without(
+        self,
+        *,
+        flavor: str,
+        key: str,
+        pod_sets: Sequence[PlacementDemand],
+        removed: Collection[str],
+    ) -> PlacementAnswer:
+        tree = self.flavors[flavor]
+        with tree.speculate():  # undoes the releases: a what-if for preemption
+            for victim in sorted(removed):
+                tree.release(victim)
+            return self._answer(tree.place(_gang(key, pod_sets)))
 
     def reserve(
         self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
