@@ -322,7 +322,8 @@ def _process(
     )
     entry.explanation = found
     s.fresh[entry.key] = found
-    state.queue.park_head_class(entry)
+    # The reason is the wake hint: ``Scheduler.capacity_changed`` wakes only placement failures.
+    state.queue.park_head_class(entry, found.reason)
 
 
 def _targets(

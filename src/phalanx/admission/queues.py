@@ -9,7 +9,9 @@ parked. When the head cannot be admitted:
 * ``StrictFIFO`` blocks the queue: nothing behind the head is tried.
 
 ``wake`` unparks and unblocks; the scheduler calls it when something changed that could
-help (quota freed in the cohort tree, a spec changed). Parking and waking cost O(classes),
+help (quota freed in the cohort tree, a spec changed). ``wake_for`` wakes only what was
+parked with a given hint (free capacity on a topology helps only workloads whose placement
+failed). Parking and waking cost O(classes),
 not O(workloads), which keeps deep queues cheap.
 """
 
@@ -51,6 +53,7 @@ class ClusterQueueQueue:
         "_pushes",
         "_tokens",
         "blocked",
+        "blocked_hint",
         "name",
         "pending",
         "strategy",
@@ -61,6 +64,7 @@ class ClusterQueueQueue:
         self.strategy = strategy
         self.pending = 0
         self.blocked = False
+        self.blocked_hint: object | None = None
         self._classes: dict[Hashable, QueueClass] = {}
         # (-priority, order_time, seq, push id, token, class, entry): the push id is unique,
         # so comparisons never reach the class or entry objects.
@@ -146,6 +150,7 @@ class ClusterQueueQueue:
         """The head cannot be admitted now: park its class (BestEffortFIFO) or block."""
         if self.strategy == QueueingStrategy.STRICT_FIFO:
             self.blocked = True
+            self.blocked_hint = hint
             return
         cls = entry.queue_class
         assert isinstance(cls, QueueClass)
@@ -179,6 +184,16 @@ class ClusterQueueQueue:
         else:
             self._parked = [cls for cls in self._parked if cls.parked]
         return woke
+
+    def wake_for(self, hint: object) -> bool:
+        """Wake only what was parked (or blocked) with ``hint``; whether a head may now exist."""
+        if self.blocked:
+            if self.blocked_hint != hint:
+                return False
+            self.blocked = False
+            return True
+        classes = [cls for cls in self._parked if cls.wake_hint == hint]
+        return bool(classes) and self.wake(only=classes)
 
     # -- inspection --------------------------------------------------------------------------
 

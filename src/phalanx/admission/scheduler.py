@@ -319,6 +319,18 @@ class Scheduler:
         self.tree.add_usage(state.node, entry.usage)
         state.add_admitted(entry)
 
+    def capacity_changed(self) -> None:
+        """Free capacity on flavors with a topology changed (nodes, or pods the placement
+        oracle counts): retry the workloads parked because their gang could not be placed.
+
+        Workloads waiting for quota are left parked; capacity does not help them.
+        """
+        for state in self.queues.values():
+            if state.queue.waiting and state.queue.wake_for(
+                PendingReason.TOPOLOGY_PLACEMENT_FAILED
+            ):
+                self.active.add(state.name)
+
     # -- the cycle ---------------------------------------------------------------------------
 
     def run_cycle(self, now: int) -> CycleResult:

@@ -123,7 +123,8 @@ class CoreBridge:
                 self.oracle.upsert_pod(obj)
                 capacity_changed = True
         if capacity_changed and self.oracle.flavors:
-            self._capacity_changed()
+            # Free capacity changed: gangs parked because they could not be placed retry.
+            self.scheduler.capacity_changed()
         workload_keys = deltas.get("Workload", set())
         for key in sorted(workload_keys, key=self._order):
             self._workload(key, now_ms=now_ms, result=result)
@@ -133,15 +134,6 @@ class CoreBridge:
         obj = self.state.get("Workload", key)
         created = ((obj or {}).get("metadata") or {}).get("creationTimestamp") or ""
         return (created, key)
-
-    def _capacity_changed(self) -> None:
-        # Nodes or pods changed free capacity: workloads parked because their gang did not
-        # fit a topology must be tried again.
-        wake = getattr(self.scheduler, "capacity_changed", None)
-        if callable(wake):
-            wake()
-        else:
-            self.scheduler._wake_everything()
 
     # -- admin kinds ----------------------------------------------------------------------------
 

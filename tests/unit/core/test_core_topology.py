@@ -45,6 +45,14 @@ def cluster(*, racks: int = 2, nodes: int = 2, gpus: int = 4) -> Scheduler:
     return scheduler
 
 
+def add_host(scheduler: Scheduler, name: str, rack: str = "rack-0") -> None:
+    placement = scheduler.placement
+    assert isinstance(placement, TopologyPlacement)
+    placement.topologies.upsert_node(
+        Node(name, {RACK: rack, HOSTNAME_LABEL: name}, {"nvidia.com/gpu": 4})
+    )
+
+
 def gang(name: str, pods: int, *, priority: int = 0, required: bool = True) -> MakeWorkload:
     topology = TopologyRequest.required(RACK) if required else TopologyRequest.preferred(RACK)
     return (
@@ -134,3 +142,44 @@ def test_a_queue_whose_flavor_topology_is_unknown_is_inactive() -> None:
         MakeClusterQueue("cq2").resource_group(MakeFlavorQuotas("other").resource("cpu", 4)).obj()
     )
     assert "TopologyNotFound" in scheduler.cluster_queue_status("cq2").reason
+
+
+def test_capacity_changed_retries_only_placement_failures() -> None:
+    scheduler = cluster(racks=1)
+    scheduler.apply_cluster_queue(
+        MakeClusterQueue("cq")
+        .resource_group(MakeFlavorQuotas("gpu").resource("nvidia.com/gpu", 12))
+        .obj()
+    )
+    scheduler.add_workload(gang("first", 1).obj())
+    assert admitted_names(scheduler.run_cycle(1)) == ["first"]
+    scheduler.add_workload(gang("needs-rack", 2).obj())  # quota fits, one host left
+    scheduler.add_workload(gang("needs-quota", 3, required=False).obj())  # 12 > 8 left
+    parked = scheduler.run_cycle(2)
+    assert parked.admitted == ()
+    assert parked.pending["default/needs-rack"].reason == PendingReason.TOPOLOGY_PLACEMENT_FAILED
+    assert parked.pending["default/needs-quota"].reason == PendingReason.WAITING_FOR_QUOTA
+    assert scheduler.run_cycle(3).attempts == 0  # parked: nothing is retried
+    add_host(scheduler, "r0-n9")
+    assert scheduler.run_cycle(4).attempts == 0  # the core is not told: still parked
+    scheduler.capacity_changed()
+    result = scheduler.run_cycle(5)
+    assert admitted_names(result) == ["needs-rack"]
+    assert result.attempts == 1  # the quota-bound workload was not woken by capacity
+
+
+def test_capacity_changed_unblocks_a_strict_fifo_head_waiting_for_placement() -> None:
+    scheduler = cluster(racks=1)
+    scheduler.apply_cluster_queue(
+        MakeClusterQueue("cq")
+        .resource_group(MakeFlavorQuotas("gpu").resource("nvidia.com/gpu", 64))
+        .strict_fifo()
+        .obj()
+    )
+    scheduler.add_workload(gang("first", 1).obj())
+    scheduler.run_cycle(1)
+    scheduler.add_workload(gang("head", 2).obj())
+    assert scheduler.run_cycle(2).admitted == ()
+    add_host(scheduler, "r0-n9")
+    scheduler.capacity_changed()
+    assert admitted_names(scheduler.run_cycle(3)) == ["head"]

@@ -131,14 +131,14 @@ def test_a_claim_that_cannot_be_placed_does_not_preempt_again() -> None:
     scheduler.add_workload(gang("high", "cq", 2, priority=9).obj())
     assert victim_names(scheduler.run_cycle(2)) == ["low", "mid"]
     topologies.add_pod(uid="intruder", node="r0-n0", requests={GPU: 4})
-    scheduler._wake_everything()
+    scheduler.capacity_changed()
     scheduler.workload_evicted("default/low", now=3)
     scheduler.workload_evicted("default/mid", now=3)
     failed = scheduler.run_cycle(3)
     assert "high" not in admitted_names(failed)
     assert admitted_names(failed) == ["mid"]  # the one host left
     for now in range(4, 8):
-        scheduler._wake_everything()
+        scheduler.capacity_changed()
         again = scheduler.run_cycle(now)
         assert victim_names(again) == [] and again.admitted == ()
     explanation = scheduler.explain("default/high")
@@ -146,5 +146,5 @@ def test_a_claim_that_cannot_be_placed_does_not_preempt_again() -> None:
     assert explanation.reason == PendingReason.TOPOLOGY_PLACEMENT_FAILED
     # Once the host is free again, evicting mid does make room: preemption resumes.
     topologies.remove_pod("intruder")
-    scheduler._wake_everything()
+    scheduler.capacity_changed()
     assert victim_names(scheduler.run_cycle(8)) == ["mid"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from phalanx.admission.decisions import PendingReason
 from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler
 from phalanx.operator.bridge import CoreBridge
@@ -185,3 +186,64 @@ def test_status_only_changes_of_a_cluster_queue_do_not_reach_the_core() -> None:
     bridge.sync(state.drain(), now_ms=NOW)
     assert scheduler.cluster_queue_status("cq").active
     assert scheduler.queues["cq"].node.nominal(("h100", "nvidia.com/gpu")) == 32
+
+
+def _gpu_node(name: str, gpus: int, rv: int) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": str(rv),
+            "labels": {"example.com/rack": "rack-0", "kubernetes.io/hostname": name},
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_a_new_node_retries_a_workload_parked_for_topology_placement() -> None:
+    state = ClusterState()
+    oracle = TopologyOracle()
+    scheduler = Scheduler(placement=oracle)
+    bridge = CoreBridge(scheduler, oracle, state)
+    state.apply("Namespace", None, {"metadata": {"name": "ns", "resourceVersion": "1"}})
+    state.apply(
+        "Topology",
+        None,
+        {
+            "metadata": {"name": "racks", "generation": 1, "uid": "t"},
+            "spec": {
+                "levels": [
+                    {"nodeLabel": "example.com/rack"},
+                    {"nodeLabel": "kubernetes.io/hostname"},
+                ]
+            },
+        },
+    )
+    state.apply(
+        "ResourceFlavor",
+        None,
+        {
+            "metadata": {"name": "h100", "generation": 1, "uid": "f"},
+            "spec": {"topologyName": "racks"},
+        },
+    )
+    state.apply("ClusterQueue", None, _cq(16))
+    state.apply(
+        "LocalQueue",
+        None,
+        {
+            "metadata": {"name": "lq", "namespace": "ns", "generation": 1, "uid": "l"},
+            "spec": {"clusterQueue": "cq"},
+        },
+    )
+    state.apply("Node", None, _gpu_node("small", 4, rv=2))
+    state.apply("Workload", None, _wl("gang", rv=10))  # one pod of 8 GPUs
+    bridge.sync(state.drain(), now_ms=NOW)
+    parked = scheduler.run_cycle(NOW)
+    assert parked.admitted == ()
+    assert parked.pending["ns/gang"].reason == PendingReason.TOPOLOGY_PLACEMENT_FAILED
+    state.apply("Node", None, _gpu_node("big", 8, rv=3))
+    bridge.sync(state.drain(), now_ms=NOW + 1)
+    assert [a.workload for a in scheduler.run_cycle(NOW + 1).admitted] == ["ns/gang"]
