@@ -11,6 +11,8 @@
    before the tree changed is re-assigned before it is acted on. After a ClusterQueue's
    head is admitted, preempts, or is parked, its next head is nominated, so deep queues
    drain within one cycle.
+8. Explain the workloads queued since the last cycle that were not tried: parked with a
+   class whose head did not fit (they get its explanation), or behind a StrictFIFO head.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from phalanx.admission.decisions import (
     Admit,
     CycleResult,
     Evict,
+    Explanation,
     FitMode,
     PendingReason,
     Preempt,
@@ -63,6 +66,7 @@ def run(s: Scheduler, now: int) -> CycleResult:
     _wake_dirty_trees(s)  # 4
     _explain_stopped_queues(s)  # 5
     _admit_heads(s, out)  # 6, 7
+    _explain_untried(s)  # 8
     pending, s.fresh = s.fresh, {}
     return CycleResult(
         time=now,
@@ -136,6 +140,48 @@ def _explain_stopped_queues(s: Scheduler) -> None:
         text = routing.inactive_text(s, state)
         for entry in state.queue.entries():
             routing.explain(s, entry, PendingReason.CLUSTER_QUEUE_INACTIVE, text)
+
+
+# -- step 8 ------------------------------------------------------------------------------
+
+
+def _explain_untried(s: Scheduler) -> None:
+    untried, s.untried = s.untried, []
+    for entry in untried:
+        if (
+            entry.phase != Phase.PENDING
+            or entry.where != Where.QUEUED
+            or entry.explanation is not None
+        ):
+            continue
+        state = s.queues.get(entry.cluster_queue or "")
+        if state is None:
+            continue
+        why = state.queue.why_waiting(entry)
+        if why is None:
+            s.untried.append(entry)  # not reached this cycle (cannot happen today): retry
+            continue
+        if state.queue.blocked:
+            routing.explain(
+                s,
+                entry,
+                PendingReason.BLOCKED_BY_HEAD,
+                f"waiting for {why.workload} ahead of it in ClusterQueue {state.name}"
+                f" (StrictFIFO), which is pending: {why.message}",
+            )
+            continue
+        # An equivalent workload (same shape) was tried and did not fit: same answer.
+        found = Explanation(
+            workload=entry.key,
+            cluster_queue=why.cluster_queue,
+            reason=why.reason,
+            message=why.message,
+            time=s.now,
+            pod_sets=why.pod_sets,
+            blocking=why.blocking,
+        )
+        entry.explanation = found
+        s.fresh[entry.key] = found
 
 
 # -- steps 6-7 ---------------------------------------------------------------------------
@@ -322,8 +368,9 @@ def _process(
     )
     entry.explanation = found
     s.fresh[entry.key] = found
-    # The reason is the wake hint: ``Scheduler.capacity_changed`` wakes only placement failures.
-    state.queue.park_head_class(entry, found.reason)
+    # Its equivalents get ``found`` too (``_explain_untried``); its reason decides what wakes
+    # the class (``Scheduler.capacity_changed`` wakes only placement failures).
+    state.queue.park_head_class(entry, found)
 
 
 def _targets(

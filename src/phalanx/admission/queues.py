@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator
 
+from phalanx.admission.decisions import Explanation, PendingReason
 from phalanx.admission.model import QueueingStrategy
 from phalanx.admission.records import Entry, Where
 
@@ -29,14 +30,15 @@ __all__ = ["ClusterQueueQueue", "QueueClass"]
 class QueueClass:
     """Pending workloads of one shape; all share one priority (it is part of the shape)."""
 
-    __slots__ = ("heap", "parked", "shape", "wake_hint")
+    __slots__ = ("heap", "parked", "shape", "why")
 
     def __init__(self, shape: Hashable) -> None:
         self.shape = shape
         self.heap: list[tuple[int, int, int, Entry]] = []
         self.parked = False
-        # Set by the scheduler when parking: what the class needs before a retry can succeed.
-        self.wake_hint: object | None = None
+        # Set when parking: why the head did not fit. Its equivalents, never tried, carry the
+        # same explanation; its reason says what must change before a retry can succeed.
+        self.why: Explanation | None = None
 
 
 def _live(entry: Entry, cls: QueueClass, token: int) -> bool:
@@ -53,7 +55,7 @@ class ClusterQueueQueue:
         "_pushes",
         "_tokens",
         "blocked",
-        "blocked_hint",
+        "blocked_why",
         "name",
         "pending",
         "strategy",
@@ -64,7 +66,7 @@ class ClusterQueueQueue:
         self.strategy = strategy
         self.pending = 0
         self.blocked = False
-        self.blocked_hint: object | None = None
+        self.blocked_why: Explanation | None = None
         self._classes: dict[Hashable, QueueClass] = {}
         # (-priority, order_time, seq, push id, token, class, entry): the push id is unique,
         # so comparisons never reach the class or entry objects.
@@ -146,16 +148,17 @@ class ClusterQueueQueue:
 
     # -- parking -----------------------------------------------------------------------------
 
-    def park_head_class(self, entry: Entry, hint: object | None = None) -> None:
-        """The head cannot be admitted now: park its class (BestEffortFIFO) or block."""
+    def park_head_class(self, entry: Entry, why: Explanation | None = None) -> None:
+        """The head cannot be admitted now (``why``): park its class (BestEffortFIFO) or
+        block the queue (StrictFIFO)."""
         if self.strategy == QueueingStrategy.STRICT_FIFO:
             self.blocked = True
-            self.blocked_hint = hint
+            self.blocked_why = why
             return
         cls = entry.queue_class
         assert isinstance(cls, QueueClass)
         cls.parked = True
-        cls.wake_hint = hint
+        cls.why = why
         self._parked.append(cls)
 
     @property
@@ -175,7 +178,7 @@ class ClusterQueueQueue:
             if not cls.parked:
                 continue
             cls.parked = False
-            cls.wake_hint = None
+            cls.why = None
             if self._clean(cls):
                 self._push_head(cls)
                 woke = True
@@ -185,15 +188,26 @@ class ClusterQueueQueue:
             self._parked = [cls for cls in self._parked if cls.parked]
         return woke
 
-    def wake_for(self, hint: object) -> bool:
-        """Wake only what was parked (or blocked) with ``hint``; whether a head may now exist."""
+    def wake_for(self, reason: PendingReason) -> bool:
+        """Wake only what was parked (or blocked) for ``reason``; whether a head may now
+        exist."""
         if self.blocked:
-            if self.blocked_hint != hint:
+            if self.blocked_why is None or self.blocked_why.reason != reason:
                 return False
             self.blocked = False
             return True
-        classes = [cls for cls in self._parked if cls.wake_hint == hint]
+        classes = [cls for cls in self._parked if cls.why is not None and cls.why.reason == reason]
         return bool(classes) and self.wake(only=classes)
+
+    def why_waiting(self, entry: Entry) -> Explanation | None:
+        """Why a queued workload that was not tried waits: its class's explanation when an
+        equivalent head did not fit, or the blocking head's (StrictFIFO)."""
+        cls = entry.queue_class
+        if isinstance(cls, QueueClass) and cls.parked and cls.why is not None:
+            return cls.why
+        if self.blocked:
+            return self.blocked_why
+        return None
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ __all__ = [
     "refresh_active",
     "refresh_all_active",
     "reroute_held",
+    "retry_explanations",
     "route",
     "unqueue",
 ]
@@ -84,6 +85,19 @@ def route(s: Scheduler, entry: Entry) -> None:
     s.active.add(state.name)
     if not state.can_admit:
         explain(s, entry, PendingReason.CLUSTER_QUEUE_INACTIVE, inactive_text(s, state))
+        return
+    # Whatever it waited for before (a missing LocalQueue, ...) no longer holds: the cycle
+    # tries it, or explains it like the equivalent workload that was tried.
+    entry.explanation = None
+    s.untried.append(entry)
+
+
+def retry_explanations(s: Scheduler, state: ClusterQueueState) -> None:
+    """A ClusterQueue may admit again: its queued workloads' "inactive"/"stopped"
+    explanations are void; the next cycle explains them afresh."""
+    for entry in state.queue.entries():
+        entry.explanation = None
+        s.untried.append(entry)
 
 
 def hold(s: Scheduler, entry: Entry, reason: PendingReason, message: str) -> None:
@@ -152,6 +166,7 @@ def refresh_active(s: Scheduler, state: ClusterQueueState) -> None:
         s.explain_queues.add(state.name)
         if state.can_admit:
             s.active.add(state.name)
+            retry_explanations(s, state)
 
 
 def refresh_all_active(s: Scheduler) -> None:

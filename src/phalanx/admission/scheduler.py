@@ -99,6 +99,8 @@ class Scheduler:
         self.ready_claims: list[Entry] = []
         self.pending_evictions: list[Evict] = []
         self.fresh: dict[str, Explanation] = {}
+        self.untried: list[Entry] = []
+        """Queued since the last cycle without an explanation; each gets one at its end."""
         self.explain_queues: set[str] = set()
         self.members_cache: dict[QuotaNode, list[ClusterQueueState]] = {}
         self.mismatch_cache: dict[tuple[str, object], str | None] = {}

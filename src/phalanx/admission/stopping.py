@@ -109,6 +109,7 @@ def stop_policy_changed(s: Scheduler, state: ClusterQueueState) -> None:
     if state.can_admit:
         s.active.add(state.name)
         s.dirty_roots.add(state.node.root)
+        routing.retry_explanations(s, state)
 
 
 def local_queue_changed(s: Scheduler, lq: LocalQueue) -> None:

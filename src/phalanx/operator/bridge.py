@@ -55,7 +55,7 @@ class SyncResult:
     finished: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
-    """Workloads new to the core in this sync (pending, to be explained after the cycle)."""
+    """Workloads new to the core in this sync (the cycle explains each one it leaves pending)."""
 
 
 class CoreBridge:

@@ -115,7 +115,6 @@ class SchedulingLoop:
         writer.pending_allowed = self._still_pending
         self.evicting: dict[str, Eviction] = {}
         self._failed: list[tuple[str, int]] = []
-        self._unexplained: set[str] = set()
         self._pods_ready_checked = 0  # (workload key, HTTP status) of failed admits
         self._wait_synced = wait_synced
         self._task: asyncio.Task[None] | None = None
@@ -150,7 +149,6 @@ class SchedulingLoop:
             await self._wait_synced()
         await self._prime_admin_kinds()
         first = self._sync()
-        self._unexplained.update(first.added)
         logger.info(
             "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
             self.state.count("Workload"),
@@ -163,7 +161,7 @@ class SchedulingLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.state.wait_changed(), timeout=self.tick_seconds)
             await asyncio.sleep(self.config.cycle_min_interval)
-            self._unexplained.update(self._sync().added)
+            self._sync()
             await self._cycle()
 
     async def _prime_admin_kinds(self) -> None:
@@ -257,7 +255,6 @@ class SchedulingLoop:
                 elapsed,
             )
         self._apply(result)
-        self._explain_new(result)
         for callback in self.on_cycle:
             callback(result)
 
@@ -300,21 +297,6 @@ class SchedulingLoop:
                 message=explanation.message,
                 inadmissible=explanation.reason in _INADMISSIBLE,
             )
-
-    def _explain_new(self, result: CycleResult) -> None:
-        """Every new pending workload gets a condition, even one the core did not try this
-        cycle (it parks workloads equivalent to one that did not fit without re-explaining)."""
-        for key in self._unexplained:
-            if key in result.pending or self.scheduler.phase(key) != Phase.PENDING:
-                continue
-            explanation = self.scheduler.explain(key)
-            if explanation is not None:
-                self.writer.explain(
-                    key,
-                    message=explanation.message,
-                    inadmissible=explanation.reason in _INADMISSIBLE,
-                )
-        self._unexplained.clear()
 
     async def _write_admission(self, admit: Admit) -> None:
         key = admit.workload
