@@ -50,7 +50,7 @@ def route(s: Scheduler, entry: Entry) -> None:
         hold(s, entry, PendingReason.LOCAL_QUEUE_STOPPED, f"LocalQueue {lq.name} is stopped")
         return
     state = s.queues.get(lq.cluster_queue)
-    if state is None or state.inactive_reason == "Terminating":
+    if state is None or state.terminating:
         hold(
             s,
             entry,
@@ -143,7 +143,7 @@ def refresh_active(s: Scheduler, state: ClusterQueueState) -> None:
     """Recompute whether a ClusterQueue can admit (flavors exist, no cohort cycle)."""
     before = state.can_admit
     reason = ""
-    if state.inactive_reason == "Terminating":
+    if state.terminating:
         reason = "Terminating"
     missing = [f for f in state.spec.flavor_names() if f not in s.flavors]
     if not reason and missing:

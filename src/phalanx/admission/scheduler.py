@@ -138,6 +138,9 @@ class Scheduler:
             state = ClusterQueueState(spec, node)
             self.queues[spec.name] = state
         else:
+            # Applied again while Terminating: it is the live queue again; the old admitted
+            # workloads keep counting in its usage, and their finishing no longer deletes it.
+            state.terminating = False
             was_stopped = state.spec.stop_policy
             state.update(spec, node)
             if spec.stop_policy != was_stopped:
@@ -153,11 +156,21 @@ class Scheduler:
         state = self.queues.get(name)
         if state is None:
             return
-        if state.admitted or any(e.cluster_queue == name for e in self.claims.values()):
+        claimers = sorted(
+            (e for e in self.claims.values() if e.cluster_queue == name), key=lambda e: e.seq
+        )
+        if state.admitted or claimers:
             # Kueue keeps a ClusterQueue (finalizer) until its admitted workloads are gone.
-            state.inactive_reason = "Terminating"
-            self.explain_queues.add(name)
-            return
+            state.terminating = True
+            routing.refresh_active(self, state)
+            # Nothing is admitted into a queue being deleted: preemptors give up their claim
+            # and wait for a ClusterQueue of that name like any other pending workload.
+            for entry in claimers:
+                stopping.release_claim(self, entry)
+                entry.phase = Phase.PENDING
+                routing.route(self, entry)
+            if state.admitted:
+                return
         root = state.node.root
         for entry in list(state.queue.entries()):
             state.queue.discard(entry)

@@ -25,6 +25,7 @@ class ClusterQueueState:
         "node",
         "queue",
         "spec",
+        "terminating",
     )
 
     def __init__(self, spec: ClusterQueue, node: QuotaNode) -> None:
@@ -38,6 +39,9 @@ class ClusterQueueState:
         self.admitted_by_priority: dict[int, int] = {}
         self.group_of: dict[str, int] = {}
         self.inactive_reason = ""
+        # Deleted while workloads still hold its quota (Kueue's finalizer): kept, admitting
+        # nothing, until they finish, unless a ClusterQueue of the same name is applied again.
+        self.terminating = False
         self.update(spec, node)
 
     def update(self, spec: ClusterQueue, node: QuotaNode) -> None:

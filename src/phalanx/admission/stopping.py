@@ -37,7 +37,7 @@ def release_admitted(s: Scheduler, entry: Entry) -> None:
     entry.usage = {}
     if state is not None:
         state.remove_admitted(entry)
-        if state.inactive_reason == "Terminating" and not state.admitted:
+        if state.terminating and not state.admitted:
             s.delete_cluster_queue(state.name)
     s.evicting.pop(entry.key, None)
     release_placement(s, entry)
