@@ -27,9 +27,7 @@ __all__ = [
     "admission_to_status",
     "cluster_queue",
     "cohort",
-    "kueue_topology_assignment",
     "local_queue",
-    "nested_topology_assignment",
     "node",
     "pod_requests",
     "pod_usage",
@@ -385,72 +383,10 @@ def admission_to_status(admission: core.Admission) -> dict[str, Any]:
                     f"status.admission.podSetAssignments[{ps.name}].topologyAssignment:"
                     f" cannot encode {type(raw).__name__}"
                 )
-            entry["topologyAssignment"] = kueue_topology_assignment(raw)
+            # placement already writes Kueue's wire form, which the CRD accepts as is.
+            entry["topologyAssignment"] = dict(raw)
         assignments.append(entry)
     return {"clusterQueue": admission.cluster_queue, "podSetAssignments": assignments}
-
-
-def kueue_topology_assignment(assignment: Mapping[str, Any]) -> dict[str, Any]:
-    """A topology assignment in Kueue v1beta2's wire form (what the CRD schema accepts).
-
-    Kueue writes ``valuesPerLevel[]`` as ``{prefix, suffix, roots}`` or ``{universalValue}``
-    and pod counts as ``podCounts: [..]`` or ``universalPodCount``. An assignment in the
-    nested ``{individual: ..} / {universal: ..}`` form is rewritten to that; one already in
-    wire form passes through.
-    """
-    slices = []
-    for piece in assignment.get("slices") or ():
-        values_out = []
-        for values in piece.get("valuesPerLevel") or ():
-            if "universal" in values:
-                values_out.append({"universalValue": values["universal"]})
-            elif "individual" in values:
-                values_out.append(dict(values["individual"]))
-            else:
-                values_out.append(dict(values))
-        out: dict[str, Any] = {"domainCount": piece["domainCount"], "valuesPerLevel": values_out}
-        counts = piece.get("podCounts")
-        if isinstance(counts, Mapping):
-            if "universal" in counts:
-                out["universalPodCount"] = counts["universal"]
-            else:
-                out["podCounts"] = list(counts.get("individual") or ())
-        elif counts is not None:
-            out["podCounts"] = list(counts)
-        if "universalPodCount" in piece:
-            out["universalPodCount"] = piece["universalPodCount"]
-        slices.append(out)
-    return {"levels": list(assignment.get("levels") or ()), "slices": slices}
-
-
-def nested_topology_assignment(assignment: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`kueue_topology_assignment`: the nested form that
-    ``phalanx.placement.decode_topology_assignment`` reads."""
-    slices = []
-    for piece in assignment.get("slices") or ():
-        values_out: list[dict[str, Any]] = []
-        for values in piece.get("valuesPerLevel") or ():
-            if "universalValue" in values:
-                values_out.append({"universal": values["universalValue"]})
-            elif "roots" in values:
-                values_out.append({"individual": dict(values)})
-            else:
-                values_out.append(dict(values))
-        counts = piece.get("podCounts")
-        if "universalPodCount" in piece:
-            pod_counts: Any = {"universal": piece["universalPodCount"]}
-        elif isinstance(counts, list):
-            pod_counts = {"individual": counts}
-        else:
-            pod_counts = counts or {}
-        slices.append(
-            {
-                "domainCount": piece["domainCount"],
-                "valuesPerLevel": values_out,
-                "podCounts": pod_counts,
-            }
-        )
-    return {"levels": list(assignment.get("levels") or ()), "slices": slices}
 
 
 # -- nodes and pods (capacity for placement) --------------------------------------------------

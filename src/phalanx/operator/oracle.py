@@ -187,13 +187,13 @@ class TopologyOracle:
         pod_sets: Sequence[tuple[Mapping[str, int], Mapping[str, Any]]],
     ) -> None:
         """Re-hold an admitted workload's placement from its ``topologyAssignment``s:
-        (per-pod requests, assignment in Kueue's wire form) per pod set."""
+        (per-pod requests, assignment as written in ``status.admission``) per pod set."""
         tree = self.flavors.get(flavor)
         if tree is None or tree.is_reserved(key):
             return
         decoded = []
         for requests, assignment in pod_sets:
-            _, domains = decode_topology_assignment(convert.nested_topology_assignment(assignment))
+            _, domains = decode_topology_assignment(assignment)
             decoded.append((requests, domains))
         try:
             tree.restore(tree.reservation_from_assignments(key, decoded))

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from phalanx.api import convert
 from phalanx.operator.jobs import PODSET_LABEL, TOPOLOGY_GATE, WORKLOAD_ANNOTATION
 from phalanx.operator.kube import JSON_PATCH, PODS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
@@ -139,9 +138,7 @@ class GateRemover:
             gated = [p for p in members if _gated(p)]
             if not gated:
                 continue
-            levels, domains = decode_topology_assignment(
-                convert.nested_topology_assignment(assignment)
-            )
+            levels, domains = decode_topology_assignment(assignment)
             placed = [
                 (p.get("spec") or {}).get("nodeSelector") or {} for p in members if not _gated(p)
             ]

@@ -8,13 +8,16 @@ thousands of nodes stay under etcd's object size limit::
     slices:
     - domainCount: 3
       valuesPerLevel:
-      - individual: {prefix: node-b0-r2-n, roots: ["1", "4", "7"]}   # or: universal: <value>
-      podCounts: {universal: 2}                                        # or: individual: [..]
+      - {prefix: node-b0-r2-n, roots: ["1", "4", "7"]}   # or: {universalValue: <value>}
+      universalPodCount: 2                              # or: podCounts: [2, 1, 3]
 
-Phalanx writes one slice per pod set, compacted the way Kueue's default encoder does
+That is Kueue's wire form (``TopologyAssignmentSlice``, ``TopologyAssignmentSliceLevelValues``
+in ``apis/kueue/v1beta2/workload_types.go``), which the Workload CRD accepts as is. Phalanx
+writes one slice per pod set, compacted the way Kueue's default encoder does
 (``singleCompactTopologyAssignmentEncoding``): a level whose values are all equal becomes
-``universal``; otherwise the longest common prefix and suffix are lifted out (non-overlapping)
-and only the remaining ``roots`` are listed; equal pod counts become ``universal``.
+``universalValue``; otherwise the longest common prefix and suffix are lifted out
+(non-overlapping) and only the remaining ``roots`` are listed; equal pod counts become
+``universalPodCount``.
 """
 
 from __future__ import annotations
@@ -38,38 +41,32 @@ def encode_topology_assignment(
             _compact_values([values[i] for values, _ in domains]) for i in range(len(levels))
         ]
         counts = [count for _, count in domains]
-        pod_counts: dict[str, Any] = (
-            {"universal": counts[0]}
-            if all(c == counts[0] for c in counts)
-            else {"individual": counts}
-        )
-        slices.append(
-            {
-                "domainCount": len(domains),
-                "valuesPerLevel": values_per_level,
-                "podCounts": pod_counts,
-            }
-        )
+        piece: dict[str, Any] = {"domainCount": len(domains), "valuesPerLevel": values_per_level}
+        if all(c == counts[0] for c in counts):
+            piece["universalPodCount"] = counts[0]
+        else:
+            piece["podCounts"] = counts
+        slices.append(piece)
     return {"levels": list(levels), "slices": slices}
 
 
 def _compact_values(values: list[str]) -> dict[str, Any]:
     first = values[0]
     if all(v == first for v in values):
-        return {"universal": first}
+        return {"universalValue": first}
     prefix = _common_prefix(values)
     suffix = _common_prefix([v[::-1] for v in values])[::-1]
     shortest = min(len(v) for v in values)
     # "aba" and "ababa" share prefix "aba" and suffix "aba": the two must not overlap.
     if len(prefix) + len(suffix) > shortest:
         prefix = prefix[: shortest - len(suffix)]
-    individual: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     if prefix:
-        individual["prefix"] = prefix
+        out["prefix"] = prefix
     if suffix:
-        individual["suffix"] = suffix
-    individual["roots"] = [v[len(prefix) : len(v) - len(suffix)] for v in values]
-    return {"individual": individual}
+        out["suffix"] = suffix
+    out["roots"] = [v[len(prefix) : len(v) - len(suffix)] for v in values]
+    return out
 
 
 def _common_prefix(values: list[str]) -> str:
@@ -83,7 +80,8 @@ def _common_prefix(values: list[str]) -> str:
 def decode_topology_assignment(
     assignment: Mapping[str, Any],
 ) -> tuple[tuple[str, ...], tuple[DomainCount, ...]]:
-    """Inverse of :func:`encode_topology_assignment`; accepts any valid v1beta2 slices form.
+    """Inverse of :func:`encode_topology_assignment`; accepts any valid v1beta2 slices form
+    (several slices, prefix/suffix/roots or universalValue, podCounts or universalPodCount).
 
     Raises ValueError naming the field when the structure is inconsistent.
     """
@@ -103,30 +101,31 @@ def decode_topology_assignment(
             _expand_values(v, count, f"{where}.valuesPerLevel[{i}]")
             for i, v in enumerate(per_level)
         ]
-        counts = _expand_counts(piece.get("podCounts", {}), count, f"{where}.podCounts")
+        counts = _expand_counts(piece, count, where)
         for d in range(count):
             out.append((tuple(column[d] for column in columns), counts[d]))
     return levels, tuple(out)
 
 
 def _expand_values(values: Mapping[str, Any], count: int, where: str) -> list[str]:
-    if "universal" in values:
-        return [str(values["universal"])] * count
-    individual = values.get("individual")
-    if not isinstance(individual, Mapping):
-        raise ValueError(f"{where}: exactly one of universal, individual must be set")
-    roots = [str(r) for r in individual.get("roots", ())]
+    if ("universalValue" in values) == ("roots" in values):
+        raise ValueError(f"{where}: exactly one of roots, universalValue must be set")
+    if "universalValue" in values:
+        return [str(values["universalValue"])] * count
+    roots = [str(r) for r in values["roots"]]
     if len(roots) != count:
-        raise ValueError(f"{where}.individual.roots: has {len(roots)} values, domainCount {count}")
-    prefix = str(individual.get("prefix", ""))
-    suffix = str(individual.get("suffix", ""))
+        raise ValueError(f"{where}.roots: has {len(roots)} values, domainCount {count}")
+    prefix = str(values.get("prefix") or "")
+    suffix = str(values.get("suffix") or "")
     return [prefix + root + suffix for root in roots]
 
 
-def _expand_counts(counts: Mapping[str, Any], count: int, where: str) -> list[int]:
-    if "universal" in counts:
-        return [int(counts["universal"])] * count
-    individual = [int(c) for c in counts.get("individual", ())]
-    if len(individual) != count:
-        raise ValueError(f"{where}.individual: has {len(individual)} counts, domainCount {count}")
-    return individual
+def _expand_counts(piece: Mapping[str, Any], count: int, where: str) -> list[int]:
+    if ("universalPodCount" in piece) == ("podCounts" in piece):
+        raise ValueError(f"{where}: exactly one of podCounts, universalPodCount must be set")
+    if "universalPodCount" in piece:
+        return [int(piece["universalPodCount"])] * count
+    counts = [int(c) for c in piece["podCounts"]]
+    if len(counts) != count:
+        raise ValueError(f"{where}.podCounts: has {len(counts)} counts, domainCount {count}")
+    return counts

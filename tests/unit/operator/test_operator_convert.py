@@ -196,21 +196,68 @@ def test_node_and_pod_usage() -> None:
 
 
 def test_topology_assignment_is_written_in_kueue_wire_form_and_read_back() -> None:
-    from phalanx.placement import decode_topology_assignment, encode_topology_assignment
-
-    levels = ["kubernetes.io/hostname"]
-    domains = [(("gpu-b0-r0-h0",), 1), (("gpu-b0-r0-h1",), 1), (("gpu-b0-r0-h3",), 1)]
-    wire = convert.kueue_topology_assignment(encode_topology_assignment(levels, domains))
-    (piece,) = wire["slices"]
-    assert piece["universalPodCount"] == 1 and "podCounts" not in piece
-    assert piece["valuesPerLevel"][0]["prefix"] == "gpu-b0-r0-h"
-    assert piece["valuesPerLevel"][0]["roots"] == ["0", "1", "3"]
-    # Already in wire form: unchanged.
-    assert convert.kueue_topology_assignment(wire) == wire
-    decoded = decode_topology_assignment(convert.nested_topology_assignment(wire))
-    assert decoded == (tuple(levels), tuple(domains))
-    uneven = convert.kueue_topology_assignment(
-        encode_topology_assignment(["rack"], [(("r1",), 3), (("r1",), 2)])
+    from phalanx.api.loader import check_object
+    from phalanx.placement import (
+        FlavorTopology,
+        GangRequest,
+        Node,
+        PodSetRequest,
+        decode_topology_assignment,
     )
-    assert uneven["slices"][0]["podCounts"] == [3, 2]
-    assert uneven["slices"][0]["valuesPerLevel"] == [{"universalValue": "r1"}]
+    from phalanx.placement import TopologyRequest as PlacementRequest
+
+    host = "kubernetes.io/hostname"
+    topology = FlavorTopology(name="gpu", levels=["rack", host])
+    for h in (0, 1, 3):
+        name = f"gpu-b0-r0-h{h}"
+        topology.upsert_node(Node(name, {"rack": "r0", host: name}, {"nvidia.com/gpu": 8}))
+    placed = topology.place(
+        GangRequest(
+            "ns/w",
+            (PodSetRequest("main", 3, {"nvidia.com/gpu": 8}, PlacementRequest.required("rack")),),
+        )
+    )
+    assert placed.placement is not None
+    admission = core.Admission(
+        cluster_queue="cq",
+        pod_sets=(
+            core.PodSetAssignment(
+                name="main",
+                count=3,
+                flavors={"nvidia.com/gpu": "gpu"},
+                resource_usage={"nvidia.com/gpu": 24},
+                topology_assignment=placed.placement.pod_sets[0],
+            ),
+        ),
+    )
+    status = convert.admission_to_status(admission)
+    wire = status["podSetAssignments"][0]["topologyAssignment"]
+    assert wire == {
+        "levels": [host],
+        "slices": [
+            {
+                "domainCount": 3,
+                "valuesPerLevel": [{"prefix": "gpu-b0-r0-h", "roots": ["0", "1", "3"]}],
+                "universalPodCount": 1,
+            }
+        ],
+    }
+    workload = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {
+            "queueName": "lq",
+            "podSets": [{"name": "main", "count": 3, "template": {"spec": {"containers": []}}}],
+        },
+        "status": {"admission": status},
+    }
+    obj, errors = check_object(workload)  # the CRD's schema and rules
+    assert obj is not None and errors == []
+    dumped = obj.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] == wire
+    restored = convert.admission_from_status(status)
+    assert decode_topology_assignment(restored.pod_sets[0].topology_assignment) == (
+        (host,),
+        tuple(((f"gpu-b0-r0-h{h}",), 1) for h in (0, 1, 3)),
+    )
