@@ -116,18 +116,6 @@ UNIMPLEMENTED_FIELDS: tuple[UnimplementedField, ...] = (
         json_type="string",
         feature="pod set groups",
     ),
-    UnimplementedField(
-        model=PodSetTopologyRequest,
-        field="podSetSliceRequiredTopology",
-        json_type="string",
-        feature="topology slices",
-    ),
-    UnimplementedField(
-        model=PodSetTopologyRequest,
-        field="podSetSliceSize",
-        json_type="integer",
-        feature="topology slices",
-    ),
 )
 
 

@@ -68,6 +68,12 @@ class PodSetTopologyRequest(KueueModel):
     """Place the pods anywhere there is capacity."""
     pod_index_label: str | None = Field(default=None, max_length=317)
     """Label holding each pod's index, so that neighbours in rank land close together."""
+    pod_set_slice_required_topology: TopologyLevelName | None = None
+    """Topology level (node label) each slice of ``podSetSliceSize`` consecutive pods must
+    share a domain of (annotation ``kueue.x-k8s.io/podset-slice-required-topology``)."""
+    pod_set_slice_size: Int32 | None = Field(default=None, ge=1)
+    """Pods per slice (annotation ``kueue.x-k8s.io/podset-slice-size``); set together with
+    ``podSetSliceRequiredTopology``, at most the pod set's count."""
 
 
 class PodSet(KueueModel):

@@ -31,6 +31,13 @@ def _quota_reserved_with_wrong_assignments(wl: Workload) -> list[str]:
     return []
 
 
+def _slice_size_above_count(ps: PodSet) -> list[str]:
+    request = ps.topology_request
+    if request is None or request.pod_set_slice_size is None:
+        return []
+    return ["topologyRequest.podSetSliceSize"] if request.pod_set_slice_size > ps.count else []
+
+
 def _topology_request_conflicts(request: PodSetTopologyRequest) -> list[str]:
     chosen = [
         request.required is not None,
@@ -96,6 +103,27 @@ WORKLOAD_RULES: tuple[Rule[Any], ...] = (
         " (has(self.unconstrained) && self.unconstrained ? 1 : 0) <= 1",
         message="set at most one of required, preferred and unconstrained",
         check=_topology_request_conflicts,
+    ),
+    Rule(
+        name="PodSetTopologyRequest-slice-pair",
+        model=PodSetTopologyRequest,
+        cel="has(self.podSetSliceRequiredTopology) == has(self.podSetSliceSize)",
+        message="podSetSliceRequiredTopology and podSetSliceSize must be set together (each"
+        " slice of podSetSliceSize pods lands in one domain of that level)",
+        check=lambda r: (
+            [""]
+            if (r.pod_set_slice_required_topology is None) != (r.pod_set_slice_size is None)
+            else []
+        ),
+    ),
+    Rule(
+        name="PodSet-slice-size-within-count",
+        model=PodSet,
+        cel="!has(self.topologyRequest) || !has(self.topologyRequest.podSetSliceSize) ||"
+        " self.topologyRequest.podSetSliceSize <= self.count",
+        message="topologyRequest.podSetSliceSize must not be greater than the pod set's count",
+        check=_slice_size_above_count,
+        field_path=".topologyRequest.podSetSliceSize",
     ),
     Rule(
         name="Workload-assignments-match-pod-sets",

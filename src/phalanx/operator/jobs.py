@@ -46,13 +46,14 @@ TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
 KUEUE_GROUP = "kueue.x-k8s.io"
 MAIN_POD_SET = "main"
 
-# Slice annotations (podset-slice-required-topology, podset-slice-size) stay on the template
-# only: Phalanx's Workload schema has no slice fields yet, and the core reads them there.
 _TOPOLOGY_ANNOTATIONS = {
     "kueue.x-k8s.io/podset-required-topology": "required",
     "kueue.x-k8s.io/podset-preferred-topology": "preferred",
 }
 _UNCONSTRAINED_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
+_SLICE_LEVEL_ANNOTATION = "kueue.x-k8s.io/podset-slice-required-topology"
+_SLICE_SIZE_ANNOTATION = "kueue.x-k8s.io/podset-slice-size"
+_MAX_LEVEL_NAME = 63
 _HASH_LENGTH = 5
 _MAX_NAME = 253
 
@@ -123,16 +124,31 @@ def _pod_count(spec: Mapping[str, Any]) -> int:
     return count
 
 
-def _topology_request(annotations: Mapping[str, str]) -> dict[str, Any] | None:
+def _topology_request(annotations: Mapping[str, str], count: int) -> dict[str, Any] | None:
     request: dict[str, Any] = {}
     for annotation, field_name in _TOPOLOGY_ANNOTATIONS.items():
         if annotations.get(annotation):
             request[field_name] = annotations[annotation]
     if str(annotations.get(_UNCONSTRAINED_ANNOTATION, "")).lower() == "true":
         request["unconstrained"] = True
+    slice_level = annotations.get(_SLICE_LEVEL_ANNOTATION) or ""
+    slice_size = _slice_size(annotations.get(_SLICE_SIZE_ANNOTATION))
+    if 0 < len(slice_level) <= _MAX_LEVEL_NAME and slice_size is not None and slice_size <= count:
+        request["podSetSliceRequiredTopology"] = slice_level
+        request["podSetSliceSize"] = slice_size
+    # An invalid slice pair stays on the template only: the Workload is still created (its
+    # schema would refuse the fields), and the core explains the annotation's problem.
     if request:
         request["podIndexLabel"] = "batch.kubernetes.io/job-completion-index"
     return request or None
+
+
+def _slice_size(text: str | None) -> int | None:
+    try:
+        size = int(text) if text is not None else 0
+    except ValueError:
+        return None
+    return size if size >= 1 else None
 
 
 def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) -> dict[str, Any]:
@@ -149,7 +165,9 @@ def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) ->
     min_parallelism = annotations.get(JOB_MIN_PARALLELISM_ANNOTATION)
     if min_parallelism:
         pod_set["minCount"] = int(min_parallelism)
-    topology = _topology_request((template.get("metadata") or {}).get("annotations") or {})
+    topology = _topology_request(
+        (template.get("metadata") or {}).get("annotations") or {}, pod_set["count"]
+    )
     if topology:
         pod_set["topologyRequest"] = topology
     workload_spec: dict[str, Any] = {

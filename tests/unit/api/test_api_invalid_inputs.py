@@ -408,6 +408,41 @@ CASES: list[tuple[str, Callable[[], Raw], str, str]] = [
         "exactly one of podCounts and universalPodCount",
     ),
     (
+        "slice level without slice size",
+        lambda: minimal_workload(
+            {
+                "template": {},
+                "count": 4,
+                "topologyRequest": {"required": "rack", "podSetSliceRequiredTopology": "host"},
+            }
+        ),
+        "spec.podSets[0].topologyRequest",
+        "must be set together",
+    ),
+    (
+        "slice size above the pod set's count",
+        lambda: minimal_workload(
+            {
+                "template": {},
+                "count": 4,
+                "topologyRequest": {"podSetSliceRequiredTopology": "rack", "podSetSliceSize": 8},
+            }
+        ),
+        "spec.podSets[0].topologyRequest.podSetSliceSize",
+        "must not be greater than the pod set's count",
+    ),
+    (
+        "slice size zero",
+        lambda: minimal_workload(
+            {
+                "template": {},
+                "topologyRequest": {"podSetSliceRequiredTopology": "rack", "podSetSliceSize": 0},
+            }
+        ),
+        "spec.podSets[0].topologyRequest.podSetSliceSize",
+        "must be >= 1",
+    ),
+    (
         "priority value too large",
         lambda: _set(load_raw("workloadpriorityclass"), "value", 2**31),
         "value",

@@ -82,6 +82,14 @@ EXTRA: list[dict[str, Any]] = [
     minimal_workload(
         {"template": {}, "topologyRequest": {"unconstrained": False, "required": "r"}}
     ),
+    minimal_workload(
+        {
+            "template": {},
+            "count": 4,
+            "topologyRequest": {"podSetSliceRequiredTopology": "rack", "podSetSliceSize": 2},
+        }
+    ),
+    minimal_workload({"template": {}, "topologyRequest": {"podSetSliceSize": 1}}),
     _assigned({"domainCount": 2, "valuesPerLevel": [{"roots": ["a", "b"]}], "podCounts": [1]}),
     _assigned({"domainCount": 2, "valuesPerLevel": [{"roots": ["a"]}], "universalPodCount": 1}),
     _assigned({"domainCount": 1, "valuesPerLevel": [{"universalValue": "a"}]}),

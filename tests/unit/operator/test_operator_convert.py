@@ -106,6 +106,28 @@ def test_topology_falls_back_to_template_annotations() -> None:
     assert ps.topology is not None and ps.topology.mode is TopologyMode.PREFERRED
 
 
+@pytest.mark.parametrize(
+    ("request_fields", "mode", "level"),
+    [
+        ({"podSetSliceRequiredTopology": "host", "podSetSliceSize": 2}, "Unconstrained", None),
+        (
+            {"required": "rack", "podSetSliceRequiredTopology": "host", "podSetSliceSize": 2},
+            "Required",
+            "rack",
+        ),
+    ],
+)
+def test_slice_fields_of_the_topology_request(
+    request_fields: dict[str, Any], mode: str, level: str | None
+) -> None:
+    obj = _workload()
+    obj["spec"]["podSets"][0]["topologyRequest"] = request_fields
+    topology = convert.workload(obj).pod_sets[0].topology
+    assert topology is not None
+    assert (topology.mode, topology.level) == (TopologyMode(mode), level)
+    assert (topology.slice_level, topology.slice_size) == ("host", 2)
+
+
 def test_cluster_queue_conversion() -> None:
     cq = convert.cluster_queue(
         {

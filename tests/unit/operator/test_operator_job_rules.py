@@ -113,6 +113,60 @@ def test_topology_annotations_become_a_topology_request() -> None:
     assert request["required"] == "cloud.provider.com/topology-rack"
 
 
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        (
+            {
+                "kueue.x-k8s.io/podset-preferred-topology": "rack",
+                "kueue.x-k8s.io/podset-slice-required-topology": "host",
+                "kueue.x-k8s.io/podset-slice-size": "2",
+            },
+            {"preferred": "rack", "podSetSliceRequiredTopology": "host", "podSetSliceSize": 2},
+        ),
+        (  # Kueue's "balanced" workloads: slices only
+            {
+                "kueue.x-k8s.io/podset-slice-required-topology": "rack",
+                "kueue.x-k8s.io/podset-slice-size": "4",
+            },
+            {"podSetSliceRequiredTopology": "rack", "podSetSliceSize": 4},
+        ),
+        (  # larger than the 4 pods: left on the template, for the core to explain
+            {
+                "kueue.x-k8s.io/podset-required-topology": "rack",
+                "kueue.x-k8s.io/podset-slice-required-topology": "host",
+                "kueue.x-k8s.io/podset-slice-size": "8",
+            },
+            {"required": "rack"},
+        ),
+        (
+            {
+                "kueue.x-k8s.io/podset-slice-required-topology": "rack",
+                "kueue.x-k8s.io/podset-slice-size": "two",
+            },
+            None,
+        ),
+    ],
+)
+def test_slice_annotations_become_topology_request_fields(
+    annotations: dict[str, str], expected: dict[str, Any] | None
+) -> None:
+    from phalanx.operator.validation import validate_object
+
+    wl = jobs.workload_for_job(
+        make_job(parallelism=4, pod_annotations=annotations),
+        priority=jobs.PriorityResolution(value=0, ref=None),
+    )
+    pod_set = wl["spec"]["podSets"][0]
+    request = pod_set.get("topologyRequest")
+    if expected is None:
+        assert request is None
+    else:
+        assert request == {**expected, "podIndexLabel": "batch.kubernetes.io/job-completion-index"}
+    assert pod_set["template"]["metadata"]["annotations"] == annotations  # kept as in Kueue
+    assert validate_object(wl) == []  # what the operator creates, the CRD accepts
+
+
 def test_workload_priority_class_label_wins_over_pod_priority_class() -> None:
     job = make_job(labels={jobs.PRIORITY_CLASS_LABEL: "high"}, priority_class="low-pc")
     got = jobs.resolve_priority(
