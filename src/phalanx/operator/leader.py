@@ -364,10 +364,19 @@ class LeaderElector:
             # With a live watch the observation is current: no read is needed while another
             # replica's claim runs. Polling (no watch) must read to see renewals at all.
             skip = self._watching() and self.observation.held_by_other(self.identity, self._clock())
-            if not skip and await self._try_acquire_or_renew() and self.tenure.valid(self._clock()):
+            if not skip and await self._attempt_bounded() and self.tenure.valid(self._clock()):
                 self._start_leading()
                 return
             await self._wait_for_turn()
+
+    async def _attempt_bounded(self) -> bool:
+        # The client's timeout normally ends a hung request; this bound does not rely on it.
+        try:
+            return await self._bounded(
+                self._try_acquire_or_renew(), 2 * self._request_timeout() + 1.0
+            )
+        except TimeoutError:
+            return False
 
     def _watching(self) -> bool:
         return self._informer is not None and self._informer.synced.is_set()
@@ -514,7 +523,7 @@ class LeaderElector:
                 lease_duration_seconds=self.config.lease_duration_seconds,
                 acquire_time=wall,
                 renew_time=wall,
-                transitions=record.transitions + (1 if record.holder else 0),
+                transitions=record.transitions + 1,  # as client-go: every change of hands
                 resource_version=record.resource_version,
             )
         return await self._write(claim)
@@ -612,8 +621,12 @@ class LeaderElector:
         )
         path = LEASES.path(namespace=self.config.namespace, name=self.config.lease_name)
         try:
-            await self.api.request(
-                "PUT", path, body=self._lease_body(released), timeout=self._request_timeout()
+            # Bounded on our clock too: shutdown must not hang on an unreachable API server.
+            await self._bounded(
+                self.api.request(
+                    "PUT", path, body=self._lease_body(released), timeout=self._request_timeout()
+                ),
+                self._request_timeout(),
             )
             logger.info("event=lease_released lease=%s identity=%s", path, self.identity)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
