@@ -350,7 +350,7 @@ def _process(
             # Quota could be freed, but the gang would still not fit physically: evicting
             # anyone would be for nothing (and would repeat every time the victim returns).
             reason = PendingReason.TOPOLOGY_PLACEMENT_FAILED
-            failure = f"{probe.failure}, even after preemption"
+            failure = f"no preemption can make room: {probe.failure}"
         else:
             failure = "no workloads to preempt"
     if _partial_admission(s, state, entry, out):

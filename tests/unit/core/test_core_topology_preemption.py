@@ -84,7 +84,7 @@ def test_no_reclaim_for_a_gang_no_rack_can_hold() -> None:
     explanation = scheduler.explain("default/a-too-wide")
     assert explanation is not None
     assert explanation.reason == PendingReason.TOPOLOGY_PLACEMENT_FAILED
-    assert "even after preemption" in explanation.message
+    assert "no preemption can make room" in explanation.message
     assert "rack" in explanation.message
     assert scheduler.admission_of("default/b-borrows") is not None
 
