@@ -1,0 +1,173 @@
+"""``phalanx bench e2e``: a Kueue scheduler-performance scenario through a real API server.
+
+Registered by ``bench_cmd`` (``register_e2e``). Without ``--kubeconfig`` it starts (or
+reuses) the local control plane, installs the CRDs and runs a fresh operator; with it, it
+drives a cluster where an operator already runs (``--operator-metrics`` / ``--operator-pid``
+then say where to read its API writes and CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx.cli.bench_scenario import (
+    ScenarioError,
+    load_rangespec,
+    load_scenario,
+    load_topology_file,
+)
+
+__all__ = ["register_e2e"]
+
+
+def register_e2e(bench: Any) -> None:
+    parser = bench.add_parser(
+        "e2e",
+        help="replay a Kueue scheduler-performance scenario through the API server (real time)",
+        description=(
+            "Create generator.yaml's queues and Workloads (at their creation intervals) on a"
+            " real API server with the Phalanx operator running, finish each Workload"
+            " runtimeMs after it is Admitted (as Kueue's runner does), and report wall time,"
+            " time to admission per class, usage, API writes per admission and operator CPU."
+            " With a rangespec.yaml beside the config, checks Kueue's thresholds (against real"
+            " wall time) and Phalanx's own (wall <= 2 x ideal, <= 3 writes per admission)."
+        ),
+    )
+    parser.add_argument("--config", type=Path, required=True, metavar="FILE", help="generator.yaml")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="a cluster where the CRDs are installed and an operator already runs"
+        " (default: the local control plane, with a fresh operator)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="devcluster state folder when no --kubeconfig is given (default: the devcluster's)",
+    )
+    parser.add_argument("--operator-metrics", metavar="URL", help="with --kubeconfig: its /metrics")
+    parser.add_argument(
+        "--operator-pid", type=int, metavar="PID", help="with --kubeconfig: its pid"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=48, help="requests in flight at most (48)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, metavar="S", help="stop waiting after S seconds (10 x ideal)"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="operator log and certificates (a new folder under the cache)"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the scenario's objects in the cluster"
+    )
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from phalanx.operator.bench_e2e import E2EOptions, e2e_problems, run_e2e
+
+    try:
+        scenario = load_scenario(args.config)
+        topology = load_topology_file(args.config)
+        rangespec_path = args.config.parent / "rangespec.yaml"
+        rangespec = load_rangespec(rangespec_path) if rangespec_path.exists() else None
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if topology is not None:
+        print(
+            f"error: {args.config}: topology scenarios need their generated nodes; bench e2e"
+            " runs the quota scenarios (baseline, large-scale). Use 'phalanx bench core' for"
+            " TAS.",
+            file=sys.stderr,
+        )
+        return 2
+    workdir = args.workdir or _default_workdir()
+    pids: dict[str, int] = {}
+    crds: tuple[dict[str, Any], ...] = ()
+    if args.kubeconfig is None:
+        from phalanx.api.crds import generate_crds
+        from phalanx.devcluster import cluster as devcluster
+
+        status = devcluster.up(state_dir=args.state_dir)
+        kubeconfig = status.kubeconfig
+        pids = {
+            c.name: c.pid
+            for c in status.components
+            if c.pid and c.name in ("etcd", "kube-apiserver")
+        }
+        crds = tuple(yaml.safe_load(text) for text in generate_crds().values())
+    else:
+        kubeconfig = args.kubeconfig
+    options = E2EOptions(
+        kubeconfig=kubeconfig,
+        workdir=workdir,
+        start_operator=args.kubeconfig is None,
+        operator_metrics_url=args.operator_metrics,
+        operator_pid=args.operator_pid,
+        crds=crds,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        control_plane_pids=pids,
+        cleanup=not args.keep,
+    )
+    result = run_e2e(scenario, options)
+    problems = rangespec.problems(result.as_bench_result()) if rangespec is not None else []
+    problems += e2e_problems(result)
+    if args.json:
+        payload = result.to_json()
+        payload["checks"] = {"pass": not problems, "problems": problems}
+        print(json.dumps(payload, indent=2))
+    else:
+        _print_human(result.to_json(), problems)
+    return 0 if not problems else 1
+
+
+def _default_workdir() -> Path:
+    from phalanx.devcluster.pins import cache_root
+
+    return cache_root() / "bench-e2e" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _print_human(r: dict[str, Any], problems: list[str]) -> None:
+    print(f"scenario {r['scenario']}: {r['workloads']} workloads, {r['finished']} finished")
+    print(
+        f"  real wall {r['real_wall_ms']} ms, ideal {r['ideal_ms']} ms"
+        f" ({r['wall_over_ideal']:.2f}x)"
+    )
+    print(
+        f"  admissions {r['admissions']}, evictions {r['evictions']}; time to admission"
+        f" p50 {r['p50_time_to_admission_ms']} ms, p99 {r['p99_time_to_admission_ms']} ms"
+    )
+    print(
+        f"  operator: {r['api_writes']} API writes ({r['api_writes_per_admission']} per"
+        f" admission), CPU {r['operator_cpu_s']} s, {r['cycles']} cycles"
+    )
+    print(f"  writes by kind/verb: {r['api_writes_by_verb']}")
+    print(
+        f"  control plane CPU {r['control_plane_cpu_s']}, bench CPU {r['bench_cpu_s']} s,"
+        f" creation lag p99 {r['creation_lag_p99_ms']} ms (max {r['creation_lag_max_ms']})"
+    )
+    print("  workload classes:")
+    for name, c in r["classes"].items():
+        print(
+            f"    {name:24s} count {c['count']:6d}  avg time to admission"
+            f" {c['avg_time_to_admission_ms']:8d} ms  evictions {c['evictions']}"
+        )
+    print("  ClusterQueue classes:")
+    for name, c in r["cq_classes"].items():
+        print(f"    {name:24s} avg usage {c['avg_usage_pct']:5.1f}%")
+    if r["operator_log"]:
+        print(f"  operator log: {r['operator_log']}")
+    print("PASS" if not problems else "FAIL")
+    for problem in problems:
+        print(f"  - {problem}")

@@ -1,0 +1,381 @@
+"""``phalanx bench e2e``: replay a Kueue scheduler-performance scenario through a real API
+server with the operator running, in real time.
+
+Steps (each a function below):
+
+1. install the CRDs if given, remove a previous run's leftovers, start a fresh operator
+   (unless one already runs against the cluster);
+2. create the scenario's ResourceFlavor, ClusterQueues, Namespaces and LocalQueues, and wait
+   until the operator reports every ClusterQueue Active;
+3. watch the run's Workloads (label selector) feeding a :class:`WorkloadTracker` (finishes
+   each Workload ``runtimeMs`` after Admitted, as Kueue's runner) and an
+   :class:`InvariantChecker`;
+4. create the Workloads at their creation intervals, concurrent POSTs through a bounded
+   pool, until every one is Finished;
+5. read the operator's API-write counter and CPU time, check invariants and leaks, delete
+   everything the run created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from phalanx.admission.simulate import ClassResult, Scenario, ideal_ms
+from phalanx.operator import kubeconfig
+from phalanx.operator.bench_objects import (
+    PlannedWorkload,
+    plan,
+    workload_object,
+)
+from phalanx.operator.bench_proc import (
+    OperatorProcess,
+    cpu_seconds,
+    scrape,
+    start_operator,
+)
+from phalanx.operator.bench_result import E2EResult, e2e_problems, write_counts
+from phalanx.operator.bench_setup import SELECTOR, ScenarioObjects
+from phalanx.operator.bench_tracker import Track, WorkloadTracker, percentile
+from phalanx.operator.faults_invariants import InvariantChecker
+from phalanx.operator.informer import Informer
+from phalanx.operator.kube import (
+    CLUSTER_QUEUES,
+    WORKLOADS,
+    ApiError,
+    KubeApi,
+)
+
+__all__ = ["E2EOptions", "E2EResult", "e2e_problems", "run_e2e"]
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "phalanx-bench-finished"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class E2EOptions:
+    kubeconfig: Path
+    workdir: Path
+    start_operator: bool = True
+    operator_metrics_url: str | None = None
+    operator_pid: int | None = None
+    operator_args: tuple[str, ...] = ()
+    crds: tuple[dict[str, Any], ...] = ()
+    concurrency: int = 48
+    timeout_s: float | None = None
+    """Give up waiting for every Workload to finish after this long (default 10 x ideal,
+    at least 10 minutes)."""
+    control_plane_pids: Mapping[str, int] = field(default_factory=dict)
+    cleanup: bool = True
+
+
+def run_e2e(scenario: Scenario, options: E2EOptions) -> E2EResult:
+    return asyncio.run(_Run(scenario, options).run())
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, options: E2EOptions) -> None:
+        self.scenario = scenario
+        self.options = options
+        self.queues, self.workloads = plan(scenario)
+        self.api: KubeApi | None = None
+        self.operator: OperatorProcess | None = None
+        self.create_errors = 0
+        self.finish_writes = 0
+        self.lags: list[float] = []
+        self.checker = InvariantChecker()
+
+    @property
+    def kube(self) -> KubeApi:
+        assert self.api is not None
+        return self.api
+
+    async def run(self) -> E2EResult:
+        auth = kubeconfig.load(self.options.kubeconfig)
+        self.api = KubeApi(auth, connection_limit=2 * self.options.concurrency + 8)
+        self.objects = ScenarioObjects(
+            self.api, self.scenario, self.queues, concurrency=self.options.concurrency
+        )
+        informers: list[Informer] = []
+        try:
+            started = time.monotonic()
+            if self.options.crds:
+                await self.objects.install_crds(self.options.crds)
+            await self.objects.remove_leftovers()
+            if self.options.start_operator:
+                self.operator = await asyncio.to_thread(self._start_operator)
+            await self.objects.create_queues()
+            await self.objects.wait_active()
+            setup_s = time.monotonic() - started
+            tracker = WorkloadTracker(self.workloads, finish=self._finish)
+
+            def on_workload(event_type: str, obj: dict[str, Any]) -> None:
+                tracker.on_event(event_type, obj)
+                self.checker.on_workload(event_type, obj)
+
+            informers = [
+                Informer(
+                    self.kube,
+                    CLUSTER_QUEUES,
+                    self.checker.on_cluster_queue,
+                    label_selector=SELECTOR,
+                ),
+                Informer(self.kube, WORKLOADS, on_workload, label_selector=SELECTOR),
+            ]
+            for informer in informers:
+                informer.start()
+            await asyncio.gather(*(i.synced.wait() for i in informers))
+            return await self._measure(tracker, setup_s)
+        finally:
+            for informer in informers:
+                await informer.stop()
+            if self.operator is not None:
+                await asyncio.to_thread(self.operator.stop)
+            if self.options.cleanup:
+                await self.objects.delete_everything()
+            await self.kube.close()
+
+    # -- 1. preparation -------------------------------------------------------------------------
+
+    def _start_operator(self) -> OperatorProcess:
+        op = start_operator(
+            kubeconfig=self.options.kubeconfig,
+            workdir=self.options.workdir,
+            extra=self.options.operator_args,
+        )
+        op.wait_ready(timeout=120)
+        time.sleep(1.0)  # let kopf finish writing the webhook configurations
+        return op
+
+    # -- 2. the run -----------------------------------------------------------------------------
+
+    def _metrics_url(self) -> str | None:
+        if self.operator is not None:
+            return self.operator.metrics_url
+        return self.options.operator_metrics_url
+
+    def _operator_pid(self) -> int | None:
+        return self.operator.pid if self.operator is not None else self.options.operator_pid
+
+    async def _scrape(self) -> str | None:
+        url = self._metrics_url()
+        if url is None:
+            return None
+        try:
+            return await asyncio.to_thread(scrape, url)
+        except OSError as error:
+            logger.warning("event=metrics_scrape_failed url=%s error=%r", url, error)
+            return None
+
+    def _cpu(self) -> tuple[float | None, dict[str, float]]:
+        pid = self._operator_pid()
+        operator = cpu_seconds(pid) if pid else None
+        plane = {
+            name: value
+            for name, p in self.options.control_plane_pids.items()
+            if (value := cpu_seconds(p)) is not None
+        }
+        return operator, plane
+
+    async def _measure(self, tracker: WorkloadTracker, setup_s: float) -> E2EResult:
+        before_text = await self._scrape()
+        cpu_before, plane_before = self._cpu()
+        bench_before = _own_cpu()
+        t0 = time.monotonic()
+        timeout = self.options.timeout_s or max(600.0, 10 * ideal_ms(self.scenario) / 1000)
+        dispatcher = asyncio.get_running_loop().create_task(self._dispatch(tracker, t0))
+        try:
+            await asyncio.wait_for(tracker.all_finished.wait(), timeout=timeout)
+        except TimeoutError:
+            logger.warning(
+                "event=bench_timeout finished=%d of=%d", tracker.finished, len(tracker.tracks)
+            )
+        dispatcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dispatcher
+        await tracker.drain()
+        end = tracker.last_finished_at or time.monotonic()
+        after_text = await self._scrape()
+        cpu_after, plane_after = self._cpu()
+        bench_cpu = _own_cpu() - bench_before
+        problems = await self._final_invariants()
+        return self._result(
+            tracker,
+            t0=t0,
+            end=end,
+            before=before_text,
+            after=after_text,
+            operator_cpu=None
+            if cpu_before is None or cpu_after is None
+            else cpu_after - cpu_before,
+            plane={k: plane_after[k] - plane_before[k] for k in plane_after if k in plane_before},
+            bench_cpu=bench_cpu,
+            problems=problems,
+            setup_s=setup_s,
+        )
+
+    async def _dispatch(self, tracker: WorkloadTracker, t0: float) -> None:
+        semaphore = asyncio.Semaphore(self.options.concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def post(workload: PlannedWorkload) -> None:
+            try:
+                await self.objects.create(
+                    WORKLOADS, workload_object(workload), namespace=workload.namespace
+                )
+                tracker.created(workload.key, time.monotonic())
+            except Exception as error:
+                self.create_errors += 1
+                logger.warning(
+                    "event=bench_create_failed workload=%s error=%r", workload.key, error
+                )
+            finally:
+                semaphore.release()
+
+        for workload in self.workloads:
+            due = t0 + workload.at_ms / 1000
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await semaphore.acquire()
+            self.lags.append(max(0.0, time.monotonic() - due))
+            task = asyncio.get_running_loop().create_task(post(workload))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _finish(self, track: Track, generation: int) -> None:
+        """Kueue's runner: ``Finished=True`` (reason ByTest) by a status apply of its own."""
+        p = track.planned
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": p.name, "namespace": p.namespace},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Finished",
+                        "status": "True",
+                        "reason": "ByTest",
+                        "message": "By test runner",
+                        "lastTransitionTime": now,
+                    }
+                ]
+            },
+        }
+        path = WORKLOADS.path(namespace=p.namespace, name=p.name) + "/status"
+        for attempt in range(8):
+            if track.generation != generation or track.finished_at is not None:
+                return
+            try:
+                await self.kube.request(
+                    "PATCH",
+                    path,
+                    params={"fieldManager": FIELD_MANAGER, "force": "true"},
+                    body=body,
+                    content_type=APPLY_PATCH,
+                )
+                self.finish_writes += 1
+                return
+            except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+                if isinstance(error, ApiError) and error.status == 404:
+                    return
+                logger.info("event=bench_finish_retry workload=%s error=%r", p.key, error)
+                await asyncio.sleep(0.2 * (attempt + 1))
+
+    async def _final_invariants(self) -> tuple[str, ...]:
+        """Violations seen during the run, plus leaks once queue status has caught up."""
+        names = [q.name for q in self.queues]
+        deadline = time.monotonic() + 20
+        problems = self.checker.final_problems(queues=names)
+        while problems and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)  # queue status is written in batches, about once a second
+            problems = self.checker.final_problems(queues=names)
+        return tuple(problems)
+
+    # -- 3. results and cleanup -----------------------------------------------------------------
+
+    def _result(
+        self,
+        tracker: WorkloadTracker,
+        *,
+        t0: float,
+        end: float,
+        before: str | None,
+        after: str | None,
+        operator_cpu: float | None,
+        plane: dict[str, float],
+        bench_cpu: float,
+        problems: tuple[str, ...],
+        setup_s: float,
+    ) -> E2EResult:
+        waits = tracker.times_to_admission_ms()
+        counts: dict[str, int] = {}
+        evictions: dict[str, int] = {}
+        for track in tracker.tracks.values():
+            cls = track.planned.class_name
+            counts[cls] = counts.get(cls, 0) + 1
+            evictions[cls] = evictions.get(cls, 0) + track.evictions
+        classes = {
+            cls: ClassResult(
+                count=counts[cls],
+                avg_time_to_admission_ms=int(
+                    sum(waits.get(cls, [])) / max(1, len(waits.get(cls, [])))
+                ),
+                evictions=evictions[cls],
+            )
+            for cls in counts
+        }
+        nominal: dict[str, int] = {}
+        for q in self.queues:
+            nominal[q.cq_class] = nominal.get(q.cq_class, 0) + q.nominal
+        all_waits = [w for ws in waits.values() for w in ws]
+        admissions = sum(t.admissions for t in tracker.tracks.values())
+        writes, by_verb, cycles = write_counts(before, after)
+        return E2EResult(
+            scenario=self.scenario.name,
+            workloads=len(self.workloads),
+            finished=tracker.finished,
+            admissions=admissions,
+            evictions=sum(t.evictions for t in tracker.tracks.values()),
+            real_wall_ms=int(1000 * (end - t0)),
+            ideal_ms=ideal_ms(self.scenario),
+            classes=classes,
+            cq_classes=tracker.usage_pct(nominal_by_class=nominal, start=t0, end=end),
+            p50_time_to_admission_ms=int(percentile(all_waits, 50)),
+            p99_time_to_admission_ms=int(percentile(all_waits, 99)),
+            api_writes=writes,
+            api_writes_per_admission=None
+            if writes is None or not admissions
+            else writes / admissions,
+            api_writes_by_verb=by_verb,
+            operator_cpu_s=operator_cpu,
+            cycles=cycles,
+            bench_cpu_s=bench_cpu,
+            control_plane_cpu_s=plane,
+            creation_lag_p99_ms=int(1000 * percentile(self.lags, 99)),
+            creation_lag_max_ms=int(1000 * max(self.lags, default=0.0)),
+            create_errors=self.create_errors,
+            finish_writes=self.finish_writes,
+            invariant_problems=problems,
+            setup_s=setup_s,
+            operator_log=str(self.operator.log) if self.operator is not None else None,
+        )
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

@@ -1,0 +1,172 @@
+"""Processes around a benchmark or fault run: a ``phalanx operator`` subprocess, its
+Prometheus metrics, and CPU time read from ``/proc``.
+
+The operator runs as its own process (``python -m phalanx.cli.main operator``) exactly as a
+user starts it, so what is measured is the shipped command, webhooks and all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "OperatorProcess",
+    "cpu_seconds",
+    "free_port",
+    "metric_sum",
+    "scrape",
+    "start_operator",
+]
+
+READY_LINE = "event=scheduler_ready"
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of a live process (all its threads), or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2 (comm) may hold spaces or parentheses: split after its last ')'.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str, *, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return str(response.read().decode())
+
+
+def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of every sample of ``name`` (a counter's ``_total``) matching ``labels``."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != name:
+                continue
+            if labels and any(sample.labels.get(k) != v for k, v in labels.items()):
+                continue
+            total += sample.value
+    return total
+
+
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    log: Path
+    metrics_port: int
+    argv: tuple[str, ...]
+    log_offset: int = 0
+    """Size of the (shared, appended) log when this process started."""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log_bytes(self) -> bytes:
+        return self.log.read_bytes() if self.log.exists() else b""
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup handlers, no lease release, writes cut mid-flight."""
+        if self.alive():
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def wait_ready(self, *, timeout: float = 90.0) -> None:
+        """Until this process's part of the log shows the scheduler ready."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(
+                    f"the operator exited ({self.process.returncode}); log {self.log}:\n"
+                    + self.log_tail()
+                )
+            if READY_LINE in self.log_bytes()[self.log_offset :].decode(errors="replace"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"the operator was not ready after {timeout:.0f}s; log {self.log}:\n" + self.log_tail()
+        )
+
+
+def start_operator(
+    *,
+    kubeconfig: Path,
+    workdir: Path,
+    name: str = "operator",
+    extra: Sequence[str] = (),
+    metrics_port: int | None = None,
+    webhook_port: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> OperatorProcess:
+    """Start ``phalanx operator`` in the background; its log goes to ``workdir/name.log``
+    (appended, so restarts of the same replica share one file)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = metrics_port or free_port()
+    argv = (
+        sys.executable,
+        "-m",
+        "phalanx.cli.main",
+        "operator",
+        f"--kubeconfig={kubeconfig}",
+        f"--metrics-port={port}",
+        f"--webhook-port={webhook_port or free_port()}",
+        f"--webhook-cert-dir={workdir / 'webhook-certs'}",
+        *extra,
+    )
+    log = workdir / f"{name}.log"
+    offset = log.stat().st_size if log.exists() else 0
+    with log.open("ab") as handle:
+        handle.write(f"\n==== {time.strftime('%H:%M:%S')} start {' '.join(argv[3:])}\n".encode())
+        handle.flush()
+        process = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+    return OperatorProcess(
+        process=process, log=log, metrics_port=port, argv=argv, log_offset=offset
+    )

@@ -1,0 +1,161 @@
+"""The result of ``phalanx bench e2e``: the bench-core fields, real wall time, the operator's
+API writes and CPU, and Phalanx's end-to-end acceptance checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from phalanx.admission.simulate import BenchResult, ClassResult
+from phalanx.operator.bench_proc import metric_sum
+
+__all__ = [
+    "WALL_OVER_IDEAL",
+    "WRITES_PER_ADMISSION",
+    "E2EResult",
+    "e2e_problems",
+    "write_counts",
+]
+
+# Phalanx's acceptance on top of Kueue's rangespec (issue 6/6).
+WALL_OVER_IDEAL = 2.0
+WRITES_PER_ADMISSION = 3.0
+
+
+@dataclass(frozen=True)
+class E2EResult:
+    scenario: str
+    workloads: int
+    finished: int
+    admissions: int
+    evictions: int
+    real_wall_ms: int
+    ideal_ms: int
+    classes: dict[str, ClassResult]
+    cq_classes: dict[str, float]
+    p50_time_to_admission_ms: int
+    p99_time_to_admission_ms: int
+    api_writes: int | None
+    api_writes_per_admission: float | None
+    api_writes_by_verb: dict[str, int]
+    operator_cpu_s: float | None
+    cycles: int | None
+    bench_cpu_s: float
+    control_plane_cpu_s: dict[str, float]
+    creation_lag_p99_ms: int
+    creation_lag_max_ms: int
+    create_errors: int
+    finish_writes: int
+    invariant_problems: tuple[str, ...]
+    setup_s: float
+    operator_log: str | None
+
+    def as_bench_result(self) -> BenchResult:
+        """The bench-core view, wall time being real: what Kueue's rangespec checks."""
+        return BenchResult(
+            scenario=self.scenario,
+            workloads=self.workloads,
+            admissions=self.admissions,
+            evictions=self.evictions,
+            virtual_wall_ms=self.real_wall_ms,
+            ideal_ms=self.ideal_ms,
+            classes=self.classes,
+            cq_classes=self.cq_classes,
+            core_cpu_s=self.operator_cpu_s or 0.0,
+            decisions=self.admissions,
+            cycles=self.cycles or 0,
+            attempts=0,
+            invariant_violations=self.invariant_problems,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "workloads": self.workloads,
+            "finished": self.finished,
+            "admissions": self.admissions,
+            "evictions": self.evictions,
+            "real_wall_ms": self.real_wall_ms,
+            "ideal_ms": self.ideal_ms,
+            "wall_over_ideal": round(self.real_wall_ms / max(self.ideal_ms, 1), 3),
+            "classes": {
+                name: {
+                    "count": c.count,
+                    "avg_time_to_admission_ms": c.avg_time_to_admission_ms,
+                    "evictions": c.evictions,
+                }
+                for name, c in sorted(self.classes.items())
+            },
+            "cq_classes": {
+                name: {"avg_usage_pct": round(pct, 2)}
+                for name, pct in sorted(self.cq_classes.items())
+            },
+            "p50_time_to_admission_ms": self.p50_time_to_admission_ms,
+            "p99_time_to_admission_ms": self.p99_time_to_admission_ms,
+            "api_writes": self.api_writes,
+            "api_writes_per_admission": (
+                None
+                if self.api_writes_per_admission is None
+                else round(self.api_writes_per_admission, 3)
+            ),
+            "api_writes_by_verb": dict(sorted(self.api_writes_by_verb.items())),
+            "operator_cpu_s": None
+            if self.operator_cpu_s is None
+            else round(self.operator_cpu_s, 2),
+            "cycles": self.cycles,
+            "bench_cpu_s": round(self.bench_cpu_s, 2),
+            "control_plane_cpu_s": {
+                k: round(v, 2) for k, v in sorted(self.control_plane_cpu_s.items())
+            },
+            "creation_lag_p99_ms": self.creation_lag_p99_ms,
+            "creation_lag_max_ms": self.creation_lag_max_ms,
+            "create_errors": self.create_errors,
+            "finish_writes": self.finish_writes,
+            "invariant_problems": list(self.invariant_problems),
+            "setup_s": round(self.setup_s, 1),
+            "operator_log": self.operator_log,
+        }
+
+
+def e2e_problems(result: E2EResult) -> list[str]:
+    """Phalanx's own end-to-end acceptance, beside Kueue's rangespec thresholds."""
+    problems = list(result.invariant_problems)
+    if result.finished < result.workloads:
+        problems.append(f"only {result.finished}/{result.workloads} workloads finished")
+    if result.create_errors:
+        problems.append(f"{result.create_errors} workload creations failed")
+    if result.real_wall_ms > WALL_OVER_IDEAL * result.ideal_ms:
+        problems.append(
+            f"real wall {result.real_wall_ms} ms > {WALL_OVER_IDEAL} x ideal {result.ideal_ms} ms"
+        )
+    per = result.api_writes_per_admission
+    if per is not None and per > WRITES_PER_ADMISSION:
+        problems.append(f"{per:.2f} API writes per admission > {WRITES_PER_ADMISSION}")
+    return problems
+
+
+def write_counts(
+    before: str | None, after: str | None
+) -> tuple[int | None, dict[str, int], int | None]:
+    """Operator API writes (all kinds, verbs, results) and cycles between two scrapes."""
+    if before is None or after is None:
+        return None, {}, None
+    old, new = _writes_by_kind_verb(before), _writes_by_kind_verb(after)
+    by_verb = {k: int(v - old.get(k, 0.0)) for k, v in new.items() if v - old.get(k, 0.0)}
+    cycles = int(
+        metric_sum(after, "phalanx_scheduling_cycle_duration_seconds_count")
+        - metric_sum(before, "phalanx_scheduling_cycle_duration_seconds_count")
+    )
+    return sum(by_verb.values()), by_verb, cycles
+
+
+def _writes_by_kind_verb(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "phalanx_api_writes_total":
+                key = f"{sample.labels.get('kind')}/{sample.labels.get('verb')}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out

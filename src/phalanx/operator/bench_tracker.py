@@ -1,0 +1,168 @@
+"""What happens to each benchmark Workload, and the runner's part of Kueue's perf test:
+finish each one ``runtimeMs`` after it was seen Admitted.
+
+Kueue's runner (``test/performance/scheduler/runner/controller``) remembers when it saw a
+Workload become Admitted and, ``runtimeMs`` later, sets ``Finished=True`` through a status
+patch; an eviction meanwhile cancels that, and a later admission starts the clock again.
+Time to admission is measured as Kueue's recorder does: from the first sight of the Workload
+to the (last) time it was seen Admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.operator.bench_objects import PlannedWorkload
+
+__all__ = ["Track", "WorkloadTracker", "percentile"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Track:
+    planned: PlannedWorkload
+    seen_at: float | None = None
+    admitted_since: float | None = None
+    last_admission_at: float | None = None
+    admissions: int = 0
+    evictions: int = 0
+    finished_at: float | None = None
+    generation: int = 0
+
+
+def _condition_true(obj: dict[str, Any], kind: str) -> bool:
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind:
+            return bool(c.get("status") == "True")
+    return False
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), -int(-pct * len(ordered) // 100)))
+    return ordered[rank - 1]
+
+
+class WorkloadTracker:
+    """Fed by a Workload informer (:meth:`on_event`); calls ``finish(track, generation)``
+    ``runtimeMs`` after each admission, on the running event loop."""
+
+    def __init__(
+        self,
+        planned: Sequence[PlannedWorkload],
+        *,
+        finish: Callable[[Track, int], Coroutine[Any, Any, None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tracks = {p.key: Track(p) for p in planned}
+        self._finish = finish
+        self._clock = clock
+        self.finished = 0
+        self.all_finished = asyncio.Event()
+        self.intervals: list[tuple[str, float, float, int]] = []
+        """(ClusterQueue class, start, end, usage in milli-CPU) of every admission."""
+        self.last_finished_at: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.unknown_events = 0
+
+    def created(self, key: str, at: float) -> None:
+        track = self.tracks[key]
+        if track.seen_at is None or at < track.seen_at:
+            track.seen_at = at
+
+    def on_event(self, event_type: str, obj: dict[str, Any]) -> None:
+        metadata = obj.get("metadata") or {}
+        key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        track = self.tracks.get(key)
+        if track is None or event_type == "DELETED":
+            self.unknown_events += track is None
+            return
+        now = self._clock()
+        if track.seen_at is None:
+            track.seen_at = now
+        if track.finished_at is not None:
+            return
+        if _condition_true(obj, "Finished"):
+            self._close(track, now)
+            track.finished_at = now
+            self.last_finished_at = now
+            self.finished += 1
+            if self.finished == len(self.tracks):
+                self.all_finished.set()
+            return
+        admitted = _condition_true(obj, "Admitted")
+        if admitted and track.admitted_since is None:
+            track.admitted_since = now
+            track.last_admission_at = now
+            track.admissions += 1
+            track.generation += 1
+            self._schedule(track, track.generation)
+        elif not admitted and track.admitted_since is not None:
+            self._close(track, now)
+            track.evictions += 1
+            track.generation += 1  # the pending finish is stale now
+
+    def _close(self, track: Track, now: float) -> None:
+        if track.admitted_since is not None:
+            p = track.planned
+            self.intervals.append((p.cq_class, track.admitted_since, now, p.usage))
+            track.admitted_since = None
+
+    def _schedule(self, track: Track, generation: int) -> None:
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            if track.generation != generation or track.finished_at is not None:
+                return
+            task = loop.create_task(self._finish(track, generation))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+        loop.call_later(track.planned.runtime_ms / 1000, fire)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("event=bench_finish_failed error=%r", task.exception())
+
+    async def drain(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- results --------------------------------------------------------------------------------
+
+    def times_to_admission_ms(self) -> dict[str, list[float]]:
+        """Per workload class, for every admitted workload."""
+        out: dict[str, list[float]] = {}
+        for t in self.tracks.values():
+            if t.last_admission_at is not None and t.seen_at is not None:
+                out.setdefault(t.planned.class_name, []).append(
+                    1000 * (t.last_admission_at - t.seen_at)
+                )
+        return out
+
+    def usage_pct(
+        self, *, nominal_by_class: dict[str, int], start: float, end: float
+    ) -> dict[str, float]:
+        """Average reserved usage over [start, end] as % of the class's total nominal quota."""
+        integral: dict[str, float] = {}
+        for cls, a, b, usage in self.intervals:
+            lo, hi = max(a, start), min(b, end)
+            if hi > lo:
+                integral[cls] = integral.get(cls, 0.0) + usage * (hi - lo)
+        span = end - start
+        return {
+            cls: (
+                100.0 * integral.get(cls, 0.0) / (nominal * span) if nominal and span > 0 else 0.0
+            )
+            for cls, nominal in nominal_by_class.items()
+        }
