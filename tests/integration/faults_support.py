@@ -343,10 +343,44 @@ class JobBurst:
             f"{len(incomplete)} Jobs not complete: {dict(list(stuck.items())[:20])}"
         )
         assert len(jobs) == self.jobs, f"{len(jobs)} Jobs exist, expected {self.jobs}"
-        assert not problems, "invariant violations:\n  " + "\n  ".join(problems[:40])
+        assert not problems, (
+            "invariant violations:\n  "
+            + "\n  ".join(problems[:40])
+            + "\nWorkloads not Finished, as the API shows them now:\n  "
+            + "\n  ".join(self._unsettled_workloads()[:20])
+            + "\nClusterQueue status, as the API shows it now:\n  "
+            + "\n  ".join(self._queue_status())
+        )
         assert not not_once, f"Jobs not admitted exactly once (admissions per Workload): {not_once}"
         assert not unfinished, f"Workloads not Finished: {unfinished[:20]}"
         return report
+
+    def _unsettled_workloads(self) -> list[str]:
+        out = self.cluster.kubectl_ok("get", "workloads", "-n", self.namespace, "-o", "json")
+        lines = []
+        for wl in json.loads(out)["items"]:
+            conds = {
+                c["type"]: c["status"] for c in (wl.get("status") or {}).get("conditions") or ()
+            }
+            if conds.get("Finished") != "True":
+                lines.append(f"{wl['metadata']['name']}: {conds}")
+        return lines or ["(none)"]
+
+    def _queue_status(self) -> list[str]:
+        lines = []
+        for cq in self.queues:
+            out = self.cluster.kubectl_ok("get", "clusterqueue", cq, "-o", "json")
+            status = json.loads(out).get("status") or {}
+            usage = [
+                (r["name"], r.get("total"))
+                for f in status.get("flavorsReservation") or ()
+                for r in f.get("resources") or ()
+            ]
+            lines.append(
+                f"{cq}: reserving={status.get('reservingWorkloads')}"
+                f" admitted={status.get('admittedWorkloads')} reservation={usage}"
+            )
+        return lines
 
     def teardown(self) -> None:
         c = self.cluster

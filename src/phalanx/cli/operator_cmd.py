@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,35 @@ def register(subparsers: Any) -> None:
         default=60.0,
         help="first requeue delay after a PodsReady timeout; doubles each time (60)",
     )
+    election = parser.add_argument_group(
+        "leader election",
+        "With --leader-elect, replicas share a coordination.k8s.io Lease and only its holder"
+        " schedules; every replica serves the webhooks.",
+    )
+    election.add_argument("--leader-elect", action="store_true", help="enable leader election")
+    election.add_argument(
+        "--leader-elect-namespace",
+        metavar="NS",
+        help="namespace of the Lease (default: $POD_NAMESPACE, the pod's, else kube-system)",
+    )
+    election.add_argument(
+        "--leader-elect-lease-name",
+        default="phalanx-scheduler",
+        metavar="NAME",
+        help="(%(default)s)",
+    )
+    election.add_argument(
+        "--leader-elect-identity", metavar="ID", help="this replica's name (default: host_uuid)"
+    )
+    election.add_argument(
+        "--leader-elect-lease-duration", type=float, default=15.0, metavar="S", help="(15)"
+    )
+    election.add_argument(
+        "--leader-elect-renew-deadline", type=float, default=10.0, metavar="S", help="(10)"
+    )
+    election.add_argument(
+        "--leader-elect-retry-period", type=float, default=2.0, metavar="S", help="(2)"
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     parser.set_defaults(func=run)
 
@@ -106,6 +136,27 @@ def run(args: argparse.Namespace) -> int:
         server = webhook_server(webhook)
         print(f"wrote {server.cafile}, {server.certfile}, {server.pkeyfile}")
         return 0
+    leader_election = None
+    if args.leader_elect:
+        from phalanx.operator.leader import (
+            LeaderElectionConfig,
+            LeaderElectionError,
+            default_identity,
+            default_namespace,
+        )
+
+        try:
+            leader_election = LeaderElectionConfig(
+                lease_name=args.leader_elect_lease_name,
+                namespace=args.leader_elect_namespace or default_namespace(),
+                identity=args.leader_elect_identity or default_identity(),
+                lease_duration=args.leader_elect_lease_duration,
+                renew_deadline=args.leader_elect_renew_deadline,
+                retry_period=args.leader_elect_retry_period,
+            )
+        except LeaderElectionError as error:
+            print(f"error: --leader-elect-*: {error}", file=sys.stderr)
+            return 2
     config = OperatorConfig(
         kubeconfig=args.kubeconfig,
         context=args.context,
@@ -118,5 +169,6 @@ def run(args: argparse.Namespace) -> int:
             timeout_seconds=args.wait_for_pods_ready or 300.0,
             backoff_base_seconds=args.requeue_backoff_base,
         ),
+        leader_election=leader_election,
     )
     return run_operator(config)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phalanx.operator.leader import LeaderElectionConfig
+
 __all__ = ["OperatorConfig", "WaitForPodsReady", "WebhookConfig"]
 
 
@@ -59,3 +61,5 @@ class OperatorConfig:
     """A pending Workload's explanation is rewritten at most this often (and only on change)."""
     cycle_min_interval: float = 0.05
     """Coalescing window: events arriving within it share one scheduling cycle."""
+    leader_election: LeaderElectionConfig | None = None
+    """With leader election, only the replica holding the Lease schedules and writes."""

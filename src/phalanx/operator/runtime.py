@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import Coroutine
 from typing import Any
 
@@ -17,6 +19,7 @@ from phalanx.operator.config import OperatorConfig
 from phalanx.operator.informer import Informer
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, KubeApi, Resource
+from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.queuestatus import QueueStatus
@@ -46,6 +49,8 @@ class PhalanxOperator:
         self._components: list[Any] = []
         self._started = False
         self.synced_event = asyncio.Event()
+        self.elector: LeaderElector | None = None
+        self._stopping = False
 
     @property
     def synced(self) -> bool:
@@ -67,21 +72,32 @@ class PhalanxOperator:
         self.api = KubeApi(self.auth)
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, addr=self.config.metrics_addr)
+        # -- leader election: scheduling components write through a fence that refuses any
+        # write once this replica's tenure is over (checked when each request is sent).
+        write_api: KubeApi = self.api
+        if self.config.leader_election is not None:
+            self.elector = LeaderElector(
+                self.api,
+                self.config.leader_election,
+                on_started_leading=self._start_scheduling,
+                on_stopped_leading=self._lost_leadership,
+            )
+            write_api = FencedApi(self.api, allowed=self.elector.still_leading)
         # Components subscribe to the state before the informers deliver anything.
         self.writer = StatusWriter(
-            self.api,
+            write_api,
             self.state,
             self.metrics,
             pending_min_interval=self.config.pending_message_min_interval,
         )
         self.jobs = (
-            JobController(self.api, self.state, self.writer, self.metrics, ready=self.synced_event)
+            JobController(write_api, self.state, self.writer, self.metrics, ready=self.synced_event)
             if self.config.manage_jobs
             else None
         )
-        self.ungate = GateRemover(self.api, self.state, self.metrics)
+        self.ungate = GateRemover(write_api, self.state, self.metrics)
         self.loop = SchedulingLoop(
-            api=self.api,
+            api=write_api,
             state=self.state,
             writer=self.writer,
             jobs=self.jobs,
@@ -91,7 +107,7 @@ class PhalanxOperator:
             wait_synced=self.wait_synced,
         )
         self.queue_status = QueueStatus(
-            self.api, self.state, self.metrics, interval=self.config.status_flush_seconds
+            write_api, self.state, self.metrics, interval=self.config.status_flush_seconds
         )
         loop = self.loop
         self.loop.on_cycle.append(
@@ -104,13 +120,32 @@ class PhalanxOperator:
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
-        for component in self._components:
-            component.start()
+        if self.elector is None:
+            self._start_scheduling()
+        else:
+            self.elector.start()
         logger.info(
             "event=operator_started server=%s namespaces=%s",
             self.auth.server,
             ",".join(self.config.namespaces) or "*",
         )
+
+    def _start_scheduling(self) -> None:
+        """Start the components that decide and write (at once, or on becoming leader).
+
+        A standby's informers have been filling the state all along and nothing drained it,
+        so the loop's first sync sees every object."""
+        for component in self._components:
+            component.start()
+
+    def _lost_leadership(self) -> None:
+        """The tenure is over and the fence already refuses every write (it reads the clock
+        at send time). Exit, so that the supervisor restarts this replica as a fresh
+        candidate whose state is rebuilt from the API, as controller-runtime does."""
+        if self._stopping:
+            return  # a clean shutdown: cleanup() stops everything in order
+        logger.error("event=leadership_lost action=exit")
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _start_informer(
         self,
@@ -142,6 +177,7 @@ class PhalanxOperator:
         self.synced_event.set()
 
     async def cleanup(self) -> None:
+        self._stopping = True
         for component in reversed(self._components):
             stop = getattr(component, "stop", None)
             if stop is not None:
@@ -153,6 +189,8 @@ class PhalanxOperator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.elector is not None:
+            await self.elector.stop()  # releases the Lease: the standby takes over at once
         if self.api is not None:
             await self.api.close()
         logger.info("event=operator_stopped")
