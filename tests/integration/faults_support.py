@@ -36,6 +36,7 @@ from phalanx.devcluster import cluster as devcluster
 from phalanx.devcluster import components, processes
 from phalanx.devcluster.components import Layout
 from phalanx.devcluster.handle import ClusterHandle
+from phalanx.devcluster.locks import file_lock
 from phalanx.devcluster.pins import cache_root
 from phalanx.devcluster.pki import ensure_pki
 from phalanx.devcluster.state import ClusterState, load_state, save_state
@@ -48,13 +49,32 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def faults_state_dir() -> Path:
+    """``$PHALANX_FAULTS_STATE_DIR``; else beside ``$PHALANX_TEST_STATE_DIR`` (a CI checkout
+    with its own cluster gets its own fault cluster too); else the cache's cluster-faults."""
     env = os.environ.get("PHALANX_FAULTS_STATE_DIR")
-    return Path(env) if env else cache_root() / "cluster-faults"
+    if env:
+        return Path(env)
+    test_dir = os.environ.get("PHALANX_TEST_STATE_DIR")
+    if test_dir:
+        return Path(test_dir.rstrip("/") + "-faults")
+    return cache_root() / "cluster-faults"
 
 
 @pytest.fixture(scope="session")
-def fault_cluster() -> Iterator[ClusterHandle]:
+def fault_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterHandle]:
     state_dir = faults_state_dir()
+    # One fault session per cluster at a time: two would kill each other's operators and
+    # restart the API server under each other's feet. Held until the session ends.
+    stack = contextlib.ExitStack()
+    stack.enter_context(
+        file_lock(
+            state_dir.parent / f".{state_dir.name}.faults-lock",
+            on_wait=lambda: sys.stderr.write(
+                f"\n[faults] waiting for another fault session on {state_dir}\n"
+            ),
+        )
+    )
+    request.addfinalizer(stack.close)
     fresh = not (state_dir / "state.json").exists()
     down = os.environ.get("PHALANX_TEST_DOWN", "").strip().lower()
     tear_down = down in ("1", "true", "yes") or (
