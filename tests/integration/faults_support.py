@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -147,6 +149,65 @@ def restart_apiserver(state_dir: Path, *, down_seconds: float, timeout: float = 
             )
         time.sleep(0.25)
     raise AssertionError(f"kube-apiserver not healthy {timeout:.0f}s after the restart")
+
+
+# -- a Service in front of operator replicas ------------------------------------------------------
+
+
+class ServiceProxy:
+    """What a Service does for the webhook in a cluster: one stable address in front of every
+    replica. Each connection goes to the first backend that accepts it (TCP pass-through,
+    so TLS stays end to end: the replicas must share one webhook certificate folder)."""
+
+    def __init__(self) -> None:
+        self.backends: list[int] = []
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(128)
+        self.port = int(self._server.getsockname()[1])
+        self._closed = False
+        threading.Thread(target=self._accept, name="service-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        for port in list(self.backends):
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
+            except OSError:
+                continue
+            upstream.settimeout(None)
+            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+            _pipe(client, upstream)
+            return
+        client.close()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 # -- a burst of Jobs ------------------------------------------------------------------------------

@@ -14,10 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_support import JobBurst, fault_cluster, invariant_watch  # noqa: F401
+from faults_support import (  # noqa: F401
+    JobBurst,
+    ServiceProxy,
+    fault_cluster,
+    invariant_watch,
+)
 
 from phalanx.devcluster.handle import ClusterHandle
-from phalanx.operator.bench_proc import OperatorProcess, metric_sum, scrape, start_operator
+from phalanx.operator.bench_proc import (
+    OperatorProcess,
+    free_port,
+    metric_sum,
+    scrape,
+    start_operator,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -26,12 +37,20 @@ LEASE_NS = "kube-system"
 LEASE = "phalanx-faults-replicas"
 
 
-def _replica(cluster: ClusterHandle, workdir: Path, identity: str) -> OperatorProcess:
+def _replica(
+    cluster: ClusterHandle, workdir: Path, identity: str, service: ServiceProxy
+) -> OperatorProcess:
+    # Every replica serves the webhooks behind one "Service" (as in a cluster), with one
+    # shared certificate folder (workdir/webhook-certs).
+    port = free_port()
+    service.backends.append(port)
     return start_operator(
         kubeconfig=cluster.kubeconfig,
         workdir=workdir,
         name=identity,
+        webhook_port=port,
         extra=(
+            f"--webhook-url={service.url}",
             "--leader-elect",
             f"--leader-elect-namespace={LEASE_NS}",
             f"--leader-elect-lease-name={LEASE}",
@@ -74,10 +93,11 @@ def test_leader_killed_mid_burst_fails_over_within_the_lease_duration(
     fault_cluster.kubectl("delete", "lease", LEASE, "-n", LEASE_NS, "--ignore-not-found")
     burst = JobBurst(fault_cluster, "faults-replicas", jobs=300)
     burst.setup()
-    replicas = {
-        "replica-a": _replica(fault_cluster, tmp_path, "replica-a"),
-        "replica-b": _replica(fault_cluster, tmp_path, "replica-b"),
-    }
+    service = ServiceProxy()
+    # The first replica makes the shared webhook certificate; the second reuses it.
+    replicas = {"replica-a": _replica(fault_cluster, tmp_path, "replica-a", service)}
+    replicas["replica-a"].wait_ready()  # leading, webhook certificate made
+    replicas["replica-b"] = _replica(fault_cluster, tmp_path, "replica-b", service)
     failovers: list[float] = []
     try:
         with invariant_watch(fault_cluster) as watch:
@@ -100,7 +120,7 @@ def test_leader_killed_mid_burst_fails_over_within_the_lease_duration(
                 # The killed one comes back, under a new identity, as the standby.
                 del replicas[leader]
                 revived = f"{leader.split('.')[0]}.{round_ + 1}"
-                replicas[revived] = _replica(fault_cluster, tmp_path, revived)
+                replicas[revived] = _replica(fault_cluster, tmp_path, revived, service)
                 leader = new
             creator.join(timeout=300)
             assert not creator.is_alive(), "Job creation did not finish"
@@ -113,6 +133,7 @@ def test_leader_killed_mid_burst_fails_over_within_the_lease_duration(
     finally:
         for op in replicas.values():
             op.stop()
+        service.close()
         sys.stderr.write(f"\n[faults] replica logs in {tmp_path}\n")
         burst.teardown()
         fault_cluster.kubectl("delete", "lease", LEASE, "-n", LEASE_NS, "--ignore-not-found")
