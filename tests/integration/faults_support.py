@@ -420,20 +420,33 @@ class JobBurst:
             for j in jobs
             if j["metadata"]["name"] in incomplete
         }
-        assert not incomplete, (
-            f"{len(incomplete)} Jobs not complete: {dict(list(stuck.items())[:20])}"
+        # Every check is evaluated and reported together, so one run says all that broke.
+        failures = []
+        if incomplete:
+            failures.append(
+                f"{len(incomplete)}/{self.jobs} Jobs not complete: {dict(list(stuck.items())[:20])}"
+            )
+        if len(jobs) != self.jobs:
+            failures.append(f"{len(jobs)} Jobs exist, expected {self.jobs}")
+        if not_once:
+            failures.append(f"Jobs not admitted exactly once (admissions per Workload): {not_once}")
+        if unfinished:
+            failures.append(f"{len(unfinished)} Workloads not Finished: {unfinished[:20]}")
+        if problems:
+            failures.append(
+                "invariant violations:\n  "
+                + "\n  ".join(problems[:40])
+                + "\nWorkloads not Finished, as the API shows them now:\n  "
+                + "\n  ".join(self._unsettled_workloads()[:20])
+                + "\nClusterQueue status, as the API shows it now:\n  "
+                + "\n  ".join(self._queue_status())
+            )
+        summary = (
+            f"{self.jobs - len(incomplete)}/{self.jobs} Jobs complete,"
+            f" {len(self.names) - len(not_once)} admitted exactly once,"
+            f" {len(problems)} invariant problems"
         )
-        assert len(jobs) == self.jobs, f"{len(jobs)} Jobs exist, expected {self.jobs}"
-        assert not problems, (
-            "invariant violations:\n  "
-            + "\n  ".join(problems[:40])
-            + "\nWorkloads not Finished, as the API shows them now:\n  "
-            + "\n  ".join(self._unsettled_workloads()[:20])
-            + "\nClusterQueue status, as the API shows it now:\n  "
-            + "\n  ".join(self._queue_status())
-        )
-        assert not not_once, f"Jobs not admitted exactly once (admissions per Workload): {not_once}"
-        assert not unfinished, f"Workloads not Finished: {unfinished[:20]}"
+        assert not failures, summary + "\n" + "\n".join(failures)
         return report
 
     def _unsettled_workloads(self) -> list[str]:
