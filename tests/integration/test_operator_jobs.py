@@ -188,3 +188,44 @@ def test_deleting_a_local_queue_leaves_its_jobs_suspended_with_the_reason(
         assert job_pods(cluster, namespace, "waits") == []
     finally:
         delete_cluster_objects(cluster, f"clusterqueue.kueue.x-k8s.io/{stopped}")
+
+
+def test_a_job_whose_workload_create_failed_is_retried_without_a_change(
+    cluster: ClusterHandle, phalanx_operator: OperatorProcess, jobs_pool: list[str], namespace: str
+) -> None:
+    """A failed Workload create (here: the namespace's ResourceQuota allows no Workloads)
+    is retried with backoff; the Job gets its Workload once the obstacle is gone, without
+    anyone touching the Job (found by the SIGKILL fault test: a webhook still pointing at
+    the killed process failed the create, and nothing retried it)."""
+    log = phalanx_operator.log_tail
+    apply(
+        cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "no-workloads"},
+            "spec": {"hard": {"count/workloads.kueue.x-k8s.io": "0"}},
+        },
+        namespace=namespace,
+    )
+    apply(cluster, local_queue("lq", cluster_queue_name=CQ), namespace=namespace)
+    apply(cluster, gpu_job("blocked", queue="lq", pods=1, run_seconds="2"), namespace=namespace)
+    wait_for(
+        "the operator to report the failed create",
+        lambda: any(
+            "event=workload_create_failed" in line and "/blocked" in line
+            for line in phalanx_operator.log.read_text(errors="replace").splitlines()
+        ),
+        timeout=30,
+        log=log,
+    )
+    assert workload_of(cluster, namespace, "blocked") is None
+    cluster.kubectl_ok("delete", "resourcequota", "no-workloads", "-n", namespace)
+    wait_for(
+        "the Job to complete after the retried create",
+        lambda: is_true(get(cluster, "job", "blocked", namespace), "Complete"),
+        timeout=90,
+        log=log,
+    )
+    workload = workload_of(cluster, namespace, "blocked")
+    assert workload is not None and is_true(workload, "Admitted")

@@ -306,13 +306,19 @@ class Scheduler:
         else:
             stopping.release_admitted(self, entry)
         if backoff:
-            entry.requeue_count += 1
-            delay = self.config.backoff_base_ms * (2 ** (entry.requeue_count - 1))
-            entry.requeue_at = now + min(delay, self.config.backoff_max_ms)
+            entry.requeue_count, entry.requeue_at = self.next_requeue(key, now=now)
             # Kueue orders a workload requeued after a PodsReady timeout by its eviction time.
             entry.order_time = now
         entry.phase = Phase.PENDING
         routing.route(self, entry)
+
+    def next_requeue(self, key: str, *, now: int) -> tuple[int, int]:
+        """The (requeue count, requeue time in ms) that evicting ``key`` with backoff at
+        ``now`` would give it; the operator writes them before the core releases."""
+        entry = self.entries.get(key)
+        count = (entry.requeue_count if entry is not None else 0) + 1
+        delay = self.config.backoff_base_ms * (2 ** (count - 1))
+        return count, now + min(delay, self.config.backoff_max_ms)
 
     def restore_admitted(self, workload: Workload, admission: Admission) -> None:
         """After a restart: ``workload`` is already admitted; count it without a cycle."""

@@ -82,6 +82,9 @@ class CoreBridge:
         self.in_flight_admissions: set[str] = set()
         """Workloads whose admission write is in flight: their cached object does not show
         the reservation yet, which must not be read as an eviction."""
+        self.in_flight_releases: set[str] = set()
+        """Workloads whose eviction-done write is in flight: the loop releases their quota
+        when the write lands, so a watch event that shows it first is not an eviction."""
 
     # -- one sync -------------------------------------------------------------------------------
 
@@ -267,6 +270,7 @@ class CoreBridge:
             phase in (Phase.ADMITTED, Phase.EVICTING)
             and not reserved
             and key not in self.in_flight_admissions
+            and key not in self.in_flight_releases
         ):
             s.workload_evicted(key, now=now_ms)
             result.evicted_elsewhere.append(key)

@@ -26,6 +26,10 @@ __all__ = ["JobController"]
 logger = logging.getLogger(__name__)
 
 
+class RetryLater(Exception):
+    """A reconcile's write failed (logged where it failed); the Job is tried again later."""
+
+
 class JobController:
     def __init__(
         self,
@@ -52,6 +56,7 @@ class JobController:
         self._pods_of: dict[str, set[str]] = {}  # job key -> keys of its live pods
         self._job_of_pod: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self._failures: dict[str, int] = {}  # job key -> consecutive failed reconciles
         state.subscribe(self._on_change)
 
     def start(self) -> None:
@@ -120,8 +125,20 @@ class JobController:
                 await self.reconcile(key)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.exception("event=job_reconcile_failed job=%s", key)
+            except Exception as error:
+                if not isinstance(error, RetryLater):
+                    logger.exception("event=job_reconcile_failed job=%s", key)
+                self._retry_later(key)
+            else:
+                self._failures.pop(key, None)
+
+    def _retry_later(self, key: str) -> None:
+        """Reconcile ``key`` again after a per-Job exponential backoff (0.5 s doubling to
+        30 s), as a rate-limited workqueue does: a write that failed (the API server or the
+        webhook was away) must not wait for the Job to change before it is tried again."""
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = min(0.5 * 2 ** (failures - 1), 30.0)
+        asyncio.get_running_loop().call_later(delay, self._enqueue, key)
 
     # -- what the scheduling loop asks ----------------------------------------------------------
 
@@ -238,6 +255,7 @@ class JobController:
                 job["metadata"]["name"],
                 str(error),
             )
+            raise RetryLater(str(error)) from error
             await self.writer.event(
                 job, reason="CreatedWorkloadFailed", message=str(error), warning=True
             )
@@ -303,6 +321,8 @@ class JobController:
         except ApiError as error:
             self.metrics.api_write("Job", "status", ok=False)
             logger.warning("event=job_status_failed job=%s error=%r", metadata["name"], str(error))
+            if not error.not_found:
+                raise RetryLater(str(error)) from error
 
     async def _restore_template(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
         pod_sets = (workload.get("spec") or {}).get("podSets") or []
@@ -338,6 +358,8 @@ class JobController:
         outcome = await self.writer.apply_status(wl_key, build, verb="finish")
         if outcome.ok:
             logger.info("event=workload_finished workload=%s reason=%s", wl_key, finish.reason)
+        elif outcome.status != 404:
+            raise RetryLater(outcome.error)
 
     async def _sync_pods_ready(
         self, wl_key: str, job: dict[str, Any], workload: dict[str, Any]
@@ -382,6 +404,7 @@ class JobController:
                     verb,
                     str(error),
                 )
+                raise RetryLater(str(error)) from error
             return False
         self.metrics.api_write("Job", verb, ok=True)
         self.state.apply("Job", "MODIFIED", updated)

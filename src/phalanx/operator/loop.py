@@ -81,6 +81,10 @@ class Eviction:
     preemption_reason: str | None = None
     backoff: bool = False
     written: bool = False
+    released_at: int = 0
+    """When the pods were gone; the core releases the quota as of then, once the API shows
+    the eviction done (never before: the API must not show a preemptor and its victim both
+    reserving)."""
 
 
 class SchedulingLoop:
@@ -115,6 +119,7 @@ class SchedulingLoop:
         writer.pending_allowed = self._still_pending
         self.evicting: dict[str, Eviction] = {}
         self._failed: list[tuple[str, int]] = []
+        self._released: list[tuple[str, Eviction]] = []  # eviction-done writes that landed
         self._pods_ready_checked = 0  # (workload key, HTTP status) of failed admits
         self._wait_synced = wait_synced
         self._task: asyncio.Task[None] | None = None
@@ -184,6 +189,10 @@ class SchedulingLoop:
                 # Forget the admission the API never recorded; the workload queues again.
                 self.scheduler.workload_evicted(key, now=now)
         self._failed.clear()
+        for key, eviction in self._released:
+            self.bridge.in_flight_releases.discard(key)
+            self.scheduler.workload_evicted(key, now=eviction.released_at, backoff=eviction.backoff)
+        self._released.clear()
         result = self.bridge.sync(self.state.drain(), now_ms=now)
         for key in result.deleted:
             self.writer.forget(key)
@@ -384,9 +393,11 @@ class SchedulingLoop:
         self.state.mark_changed()
 
     def _progress_evictions(self, now: int) -> None:
-        """Finish evictions whose pods are gone: release in the core, then write status."""
+        """Finish evictions whose pods are gone: write the eviction done, then (next pass)
+        release the quota in the core. Releasing first would let a preemptor be admitted
+        while the API still shows its victim reserving."""
         for key, eviction in list(self.evicting.items()):
-            if not eviction.written:
+            if not eviction.written or key in self.bridge.in_flight_releases:
                 continue
             workload = self.state.get("Workload", key)
             if workload is None:
@@ -394,12 +405,13 @@ class SchedulingLoop:
                 continue
             if self.jobs is not None and not self.jobs.job_stopped(workload):
                 continue
-            del self.evicting[key]
-            self.scheduler.workload_evicted(key, now=now, backoff=eviction.backoff)
+            eviction.released_at = now
+            self.bridge.in_flight_releases.add(key)
             self._spawn(self._write_eviction_done(key, eviction))
 
     async def _write_eviction_done(self, key: str, eviction: Eviction) -> None:
-        now = now_ms()
+        now = eviction.released_at
+        requeue = self.scheduler.next_requeue(key, now=now) if eviction.backoff else None
 
         def build(current: dict[str, Any]) -> dict[str, Any] | None:
             status = current.get("status") or {}
@@ -413,15 +425,26 @@ class SchedulingLoop:
                 ),
                 "admission": None,
             }
-            entry = self.scheduler.entries.get(key)
-            if eviction.backoff and entry is not None and entry.requeue_count:
+            if requeue is not None:
                 out["requeueState"] = {
-                    "count": entry.requeue_count,
-                    "requeueAt": cond.rfc3339(entry.requeue_at),
+                    "count": requeue[0],
+                    "requeueAt": cond.rfc3339(requeue[1]),
                 }
             return out
 
-        await self.writer.apply_status(key, build, verb="requeue")
+        try:
+            outcome = await self.writer.apply_status(key, build, verb="requeue")
+        except BaseException:
+            self.bridge.in_flight_releases.discard(key)
+            raise
+        if not outcome.ok and outcome.status != 404:
+            # Not written: the workload keeps its quota and the next pass tries again.
+            self.bridge.in_flight_releases.discard(key)
+            self.state.mark_changed()
+            return
+        self.evicting.pop(key, None)
+        self._released.append((key, eviction))
+        self.state.mark_changed()
         logger.info("event=evicted workload=%s reason=%s", key, eviction.reason)
 
     def _spawn(self, coro: Any) -> None:

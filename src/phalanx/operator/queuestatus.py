@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
+
 from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler
 from phalanx.operator import conditions as cond
@@ -218,13 +220,32 @@ class QueueStatus:
         )
 
     async def _run(self) -> None:
+        # Never ends on an error: a status writer that died quietly would leave every queue
+        # reporting what it held at that moment (found by the API-server restart fault test).
         while True:
             await asyncio.sleep(self.interval)
-            for (kind, key), status in list(self._snapshot.items()):
-                if self._written.get((kind, key)) == status:
-                    continue
-                if await self._write(kind, key, status):
-                    self._written[(kind, key)] = status
+            try:
+                await self._write_changed()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                logger.error("event=queue_status_pass_failed error=%r", error)
+
+    async def _write_changed(self) -> None:
+        for (kind, key), status in list(self._snapshot.items()):
+            if self._written.get((kind, key)) == status:
+                continue
+            try:
+                written = await self._write(kind, key, status)
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                # The API server is unreachable: stop this pass, the next one retries.
+                self.metrics.api_write(kind, "status", ok=False)
+                logger.warning(
+                    "event=queue_status_failed kind=%s name=%s error=%r", kind, key, error
+                )
+                return
+            if written:
+                self._written[(kind, key)] = status
 
     async def _write(self, kind: str, key: str, status: Mapping[str, Any]) -> bool:
         current = self.state.get(kind, key)

@@ -281,7 +281,11 @@ def test_requeue_backoff_is_exponential_and_capped(evictions: int, delay: int) -
             cluster.now = entry.requeue_at
             assert admitted_names(cluster.cycle(0)) == ["w"]
         evicted_at = cluster.now
+        # What the operator writes as requeueState before the core releases must match.
+        predicted = cluster.scheduler.next_requeue("default/w", now=evicted_at)
         cluster.scheduler.workload_evicted("default/w", now=evicted_at, backoff=True)
+        entry = cluster.scheduler.entries["default/w"]
+        assert predicted == (entry.requeue_count, entry.requeue_at) == (n + 1, predicted[1])
         if n == evictions - 1:
             explanation = cluster.scheduler.explain("default/w")
             assert explanation is not None and explanation.reason == PendingReason.BACKOFF
