@@ -23,6 +23,11 @@ from typing import Any
 
 import pytest
 
+# The fault suite's cluster fixture is defined once, here: imported into each test module it
+# would be a separate session fixture per module, and the second would wait forever on the
+# lock the first holds until the session ends.
+from faults_support import fault_cluster  # noqa: F401
+
 from phalanx.devcluster import cluster as devcluster
 from phalanx.devcluster.handle import ClusterHandle
 

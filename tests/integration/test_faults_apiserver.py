@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_support import (  # noqa: F401
+from faults_support import (
     JobBurst,
-    fault_cluster,
     faults_state_dir,
     invariant_watch,
     restart_apiserver,
@@ -25,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 
 def test_apiserver_restart_mid_burst_loses_nothing(
-    fault_cluster: ClusterHandle,  # noqa: F811
+    fault_cluster: ClusterHandle,
     tmp_path: Path,
 ) -> None:
     burst = JobBurst(fault_cluster, "faults-apiserver", jobs=300)

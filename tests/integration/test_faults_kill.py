@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_support import JobBurst, fault_cluster, invariant_watch  # noqa: F401
+from faults_support import JobBurst, invariant_watch
 
 from phalanx.devcluster.handle import ClusterHandle
 from phalanx.operator.bench_proc import OperatorProcess, start_operator
@@ -28,7 +28,7 @@ SEED = int(os.environ.get("PHALANX_FAULTS_SEED", "7"))
 
 
 def test_sigkill_during_a_burst_admits_each_job_exactly_once_without_overshoot_or_leak(
-    fault_cluster: ClusterHandle,  # noqa: F811
+    fault_cluster: ClusterHandle,
     tmp_path: Path,
 ) -> None:
     rng = random.Random(SEED)

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_support import (  # noqa: F401
+from faults_support import (
     JobBurst,
     ServiceProxy,
-    fault_cluster,
     invariant_watch,
 )
 
@@ -87,7 +86,7 @@ def _wait_holder(cluster: ClusterHandle, wanted: set[str], timeout: float) -> tu
 
 
 def test_leader_killed_mid_burst_fails_over_within_the_lease_duration(
-    fault_cluster: ClusterHandle,  # noqa: F811
+    fault_cluster: ClusterHandle,
     tmp_path: Path,
 ) -> None:
     fault_cluster.kubectl("delete", "lease", LEASE, "-n", LEASE_NS, "--ignore-not-found")
