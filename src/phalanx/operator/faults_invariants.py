@@ -75,6 +75,9 @@ class WorkloadHistory:
     owner_job: str | None = None
     first_seen: float = 0.0
     admitted_at: list[float] = field(default_factory=list)
+    inferred: bool = False
+    """First seen already Finished with an admission: the watch was cut (an API-server
+    restart) while it was reserved, so its admission is counted without being watched."""
 
 
 def _quantity(value: Any, resource: str) -> int:
@@ -209,6 +212,13 @@ class InvariantChecker:
                 history.evicted_since_admission = True
             if finished:
                 history.finished = True
+                if not history.admissions and isinstance(admission, dict) and admission:
+                    # Reserved and finished while the watch was down: a relist shows only
+                    # the end. It was admitted (Finished keeps status.admission); count it
+                    # once and say so, rather than report it never admitted.
+                    history.admissions = 1
+                    history.inferred = True
+                    history.cluster_queue = str(admission.get("clusterQueue", ""))
             if reserved and isinstance(admission, dict):
                 self._reserve(history, admission, now)
             else:

@@ -14,6 +14,8 @@ import logging
 import time
 from typing import Any
 
+import aiohttp
+
 from phalanx.operator import conditions as cond
 from phalanx.operator import jobs
 from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
@@ -125,9 +127,13 @@ class JobController:
                 await self.reconcile(key)
             except asyncio.CancelledError:
                 raise
-            except Exception as error:
+            except (RetryLater, aiohttp.ClientError, OSError, TimeoutError) as error:
+                # Logged where it failed, or the API server is unreachable: no traceback.
                 if not isinstance(error, RetryLater):
-                    logger.exception("event=job_reconcile_failed job=%s", key)
+                    logger.warning("event=job_reconcile_failed job=%s error=%r", key, error)
+                self._retry_later(key)
+            except Exception:
+                logger.exception("event=job_reconcile_failed job=%s", key)
                 self._retry_later(key)
             else:
                 self._failures.pop(key, None)

@@ -231,3 +231,15 @@ def test_deleting_a_reserved_workload_releases_its_usage():
     assert c.reserved["a"][("h100", "nvidia.com/gpu")] == 0
     c.on_workload("MODIFIED", wl("w2", cq_name="a", gpus=4, reserved=True))
     assert kinds(c) == []
+
+
+def test_a_workload_first_seen_finished_with_an_admission_counts_as_admitted_once():
+    # The watch was cut (API-server restart) while it was reserved; a relist shows the end.
+    c = checker_with(cq("a", gpus=8))
+    c.on_workload("ADDED", wl("gap", cq_name="a", reserved=True, finished=True))
+    h = c.history_by_key()["ns/gap"]
+    assert (h.admissions, h.inferred, h.finished) == (1, True, True)
+    assert c.final_problems() == []
+    # A Workload that finished without ever holding an admission is not counted.
+    c.on_workload("ADDED", wl("never", finished=True))
+    assert c.history_by_key()["ns/never"].admissions == 0
