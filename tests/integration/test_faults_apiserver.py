@@ -4,9 +4,9 @@ and nothing is lost (same invariants as the SIGKILL test)."""
 from __future__ import annotations
 
 import sys
-from collections import Counter
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
