@@ -205,6 +205,11 @@ class Informer:
                         self.resource_version = None
                         continue
                     retry_after = retry_after_seconds(error.body.get("_retry_after"))
+                    if retry_after is not None:
+                        # The server is up and says when to come back (a restarted API
+                        # server answers 429 while its storage initializes): the backoff
+                        # grown while it was unreachable no longer applies.
+                        attempt = 0
                 delay = self.backoff.delay(attempt, retry_after=retry_after)
                 attempt += 1
                 logger.warning(

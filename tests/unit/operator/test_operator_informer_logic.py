@@ -280,3 +280,37 @@ def test_run_backs_off_on_errors_relists_on_gone_and_resumes_otherwise(
     assert sleeps == [1.0, 5.0]
     assert inf.stats.relists_on_gone == 1
     assert inf.stats.errors == 2
+
+
+def test_a_retry_after_from_a_restarted_server_ends_the_connection_error_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An API-server restart: refused connections grow the backoff; the first answer (429,
+    # "storage is (re)initializing", Retry-After: 1) says the server is back.
+    inf = _informer()
+    inf.backoff = Backoff(initial=0.5, factor=2.0, maximum=30.0)
+    outcomes: list[BaseException | None] = [
+        *(ConnectionRefusedError() for _ in range(5)),
+        ApiError(429, {"_retry_after": "1"}, method="GET", path="/x"),
+        ConnectionRefusedError(),
+        asyncio.CancelledError(),
+    ]
+    sleeps: list[float] = []
+
+    async def relist() -> None:
+        inf.resource_version = "100"
+
+    async def watch() -> None:
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    async def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    inf._relist = relist  # type: ignore[method-assign]
+    inf._watch = watch  # type: ignore[method-assign]
+    monkeypatch.setattr(informer_mod.asyncio, "sleep", fake_sleep)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(inf.run())
+    assert sleeps == [0.5, 1.0, 2.0, 4.0, 8.0, 1.0, 1.0]
