@@ -85,6 +85,8 @@ class Eviction:
     """When the pods were gone; the core releases the quota as of then, once the API shows
     the eviction done (never before: the API must not show a preemptor and its victim both
     reserving)."""
+    requeue: tuple[int, int] | None = None
+    """With backoff: the (count, requeueAt ms) written as requeueState, as the core will apply."""
 
 
 class SchedulingLoop:
@@ -406,12 +408,14 @@ class SchedulingLoop:
             if self.jobs is not None and not self.jobs.job_stopped(workload):
                 continue
             eviction.released_at = now
+            if eviction.backoff:  # read here, between cycles, not from the write task
+                eviction.requeue = self.scheduler.next_requeue(key, now=now)
             self.bridge.in_flight_releases.add(key)
             self._spawn(self._write_eviction_done(key, eviction))
 
     async def _write_eviction_done(self, key: str, eviction: Eviction) -> None:
         now = eviction.released_at
-        requeue = self.scheduler.next_requeue(key, now=now) if eviction.backoff else None
+        requeue = eviction.requeue
 
         def build(current: dict[str, Any]) -> dict[str, Any] | None:
             status = current.get("status") or {}
