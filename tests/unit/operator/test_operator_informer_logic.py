@@ -233,20 +233,14 @@ def test_on_synced_is_called_once() -> None:
 # -- the run loop: resume, relist on Gone, backoff on errors ----------------------------------
 
 
-def test_run_backs_off_on_errors_relists_on_gone_and_resumes_otherwise(
+def _run_scripted(
+    inf: Any,
+    outcomes: list[BaseException | None],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    inf = _informer()
-    inf.backoff = Backoff(initial=1.0, factor=2.0, maximum=8.0)
+) -> tuple[list[str], list[float]]:
+    """Run the informer's loop with relist/watch replaced by a script of outcomes (None: the
+    watch ends normally) until it raises CancelledError; returns the calls and the sleeps."""
     script: list[str] = []
-    outcomes: list[BaseException | None] = [
-        None,  # watch ends normally (server timeout): resume with the same resourceVersion
-        ApiError(503, {}, method="GET", path="/x"),
-        ApiError(429, {"_retry_after": "5"}, method="GET", path="/x"),
-        WatchGone("compacted"),
-        None,
-        asyncio.CancelledError(),
-    ]
     sleeps: list[float] = []
 
     async def relist() -> None:
@@ -262,11 +256,28 @@ def test_run_backs_off_on_errors_relists_on_gone_and_resumes_otherwise(
     async def fake_sleep(seconds: float) -> None:
         sleeps.append(seconds)
 
-    inf._relist = relist  # type: ignore[method-assign]
-    inf._watch = watch  # type: ignore[method-assign]
+    inf._relist = relist
+    inf._watch = watch
     monkeypatch.setattr(informer_mod.asyncio, "sleep", fake_sleep)
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(inf.run())
+    return script, sleeps
+
+
+def test_run_backs_off_on_errors_relists_on_gone_and_resumes_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inf = _informer()
+    inf.backoff = Backoff(initial=1.0, factor=2.0, maximum=8.0)
+    outcomes: list[BaseException | None] = [
+        None,  # watch ends normally (server timeout): resume with the same resourceVersion
+        ApiError(503, {}, method="GET", path="/x"),
+        ApiError(429, {"_retry_after": "5"}, method="GET", path="/x"),
+        WatchGone("compacted"),
+        None,
+        asyncio.CancelledError(),
+    ]
+    script, sleeps = _run_scripted(inf, outcomes, monkeypatch)
     assert script == [
         "list",
         "watch@100",
@@ -295,22 +306,5 @@ def test_a_retry_after_from_a_restarted_server_ends_the_connection_error_backoff
         ConnectionRefusedError(),
         asyncio.CancelledError(),
     ]
-    sleeps: list[float] = []
-
-    async def relist() -> None:
-        inf.resource_version = "100"
-
-    async def watch() -> None:
-        outcome = outcomes.pop(0)
-        if outcome is not None:
-            raise outcome
-
-    async def fake_sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-
-    inf._relist = relist  # type: ignore[method-assign]
-    inf._watch = watch  # type: ignore[method-assign]
-    monkeypatch.setattr(informer_mod.asyncio, "sleep", fake_sleep)
-    with pytest.raises(asyncio.CancelledError):
-        asyncio.run(inf.run())
+    _, sleeps = _run_scripted(inf, outcomes, monkeypatch)
     assert sleeps == [0.5, 1.0, 2.0, 4.0, 8.0, 1.0, 1.0]
