@@ -4,11 +4,40 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+__all__ = [
+    "SERVICE_ACCOUNT_TOKEN",
+    "leader_election_default",
+    "leader_election_enabled",
+    "register",
+]
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+"""The token kubelet mounts into a pod; ``phalanx.operator.kubeconfig.load`` looks for it too."""
+
+
+def leader_election_default(
+    env: Mapping[str, str],
+    token_path: Path | None = None,
+    *,
+    kubeconfig: Path | None = None,
+) -> bool:
+    """Whether leader election is on when neither ``--leader-elect`` nor ``--no-leader-elect``
+    is given: on exactly when the operator runs in a pod on its service account, i.e. when
+    the credentials come from the in-cluster config (no ``--kubeconfig``, no ``$KUBECONFIG``,
+    ``$KUBERNETES_SERVICE_HOST`` set and the token file present), as in the manifests.
+    A deployment there may have several replicas (a rolling update always has two for a
+    while); only one of them may schedule. Run from a workstation, one process is the rule.
+    """
+    if kubeconfig is not None or env.get("KUBECONFIG"):
+        return False
+    token = SERVICE_ACCOUNT_TOKEN if token_path is None else token_path
+    return bool(env.get("KUBERNETES_SERVICE_HOST")) and token.exists()
 
 
 def register(subparsers: Any) -> None:
@@ -82,10 +111,19 @@ def register(subparsers: Any) -> None:
     )
     election = parser.add_argument_group(
         "leader election",
-        "With --leader-elect, replicas share a coordination.k8s.io Lease and only its holder"
-        " schedules; every replica serves the webhooks.",
+        "With leader election, replicas share a coordination.k8s.io Lease and only its holder"
+        " schedules; every replica serves the webhooks. It is on by default when the operator"
+        " runs in a pod on its service account (in-cluster credentials: no --kubeconfig or"
+        " $KUBECONFIG, $KUBERNETES_SERVICE_HOST set, service-account token mounted), off"
+        " otherwise.",
     )
-    election.add_argument("--leader-elect", action="store_true", help="enable leader election")
+    election.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="enable (--no-leader-elect: disable) leader election "
+        "(default: on in a pod, off elsewhere)",
+    )
     election.add_argument(
         "--leader-elect-namespace",
         metavar="NS",
@@ -98,7 +136,9 @@ def register(subparsers: Any) -> None:
         help="(%(default)s)",
     )
     election.add_argument(
-        "--leader-elect-identity", metavar="ID", help="this replica's name (default: host_uuid)"
+        "--leader-elect-identity",
+        metavar="ID",
+        help="this replica's name, unique among live replicas (default: <hostname>_<8 hex>)",
     )
     election.add_argument(
         "--leader-elect-lease-duration", type=float, default=15.0, metavar="S", help="(15)"
@@ -137,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {server.cafile}, {server.certfile}, {server.pkeyfile}")
         return 0
     leader_election = None
-    if args.leader_elect:
+    if leader_election_enabled(args):
         from phalanx.operator.leader import (
             LeaderElectionConfig,
             LeaderElectionError,
@@ -172,3 +212,16 @@ def run(args: argparse.Namespace) -> int:
         leader_election=leader_election,
     )
     return run_operator(config)
+
+
+def leader_election_enabled(
+    args: argparse.Namespace,
+    env: Mapping[str, str] | None = None,
+    token_path: Path | None = None,
+) -> bool:
+    """``--leader-elect``/``--no-leader-elect`` if given, else :func:`leader_election_default`."""
+    if args.leader_elect is not None:
+        return bool(args.leader_elect)
+    return leader_election_default(
+        os.environ if env is None else env, token_path, kubeconfig=args.kubeconfig
+    )

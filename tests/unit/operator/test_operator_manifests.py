@@ -1,0 +1,239 @@
+"""The shipped manifests parse, run a leader-elected pair of replicas, and grant the operator
+what it uses and no more where that is easy to check: the Lease verbs the elector really
+sends, and webhook-configuration writes limited to the one configuration kopf manages."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from phalanx.operator.config import WebhookConfig
+from phalanx.operator.kube import ApiError, KubeApi
+from phalanx.operator.leader import LeaderElectionConfig, LeaderElector
+
+REPO = Path(__file__).resolve().parents[3]
+MANIFESTS = REPO / "manifests"
+OPERATOR = MANIFESTS / "operator"
+WEBHOOK_CONFIGURATIONS = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+HTTP_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _operator_objects() -> list[dict[str, Any]]:
+    return [doc for path in sorted(OPERATOR.glob("*.yaml")) for doc in _documents(path)]
+
+
+def _one(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        o
+        for o in _operator_objects()
+        if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''} in manifests/operator, got {found}"
+    return found[0]
+
+
+def _deployments() -> list[dict[str, Any]]:
+    return [
+        doc
+        for path in sorted(MANIFESTS.rglob("*.yaml"))
+        for doc in _documents(path)
+        if doc.get("kind") == "Deployment"
+    ]
+
+
+def _rules(kind: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (o["metadata"].get("namespace", ""), rule)
+        for o in _operator_objects()
+        if o["kind"] == kind
+        for rule in o.get("rules") or ()
+    ]
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return cast(dict[str, Any], containers[0])
+
+
+def _arg(container: dict[str, Any], flag: str) -> str | None:
+    for arg in container.get("args") or ():
+        if arg == flag:
+            return ""
+        if arg.startswith(flag + "="):
+            return str(arg.split("=", 1)[1])
+    return None
+
+
+def _downward(container: dict[str, Any], variable: str) -> str | None:
+    for entry in container.get("env") or ():
+        if entry["name"] == variable:
+            return str(entry["valueFrom"]["fieldRef"]["fieldPath"])
+    return None
+
+
+# -- every manifest ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", sorted(MANIFESTS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(MANIFESTS))
+)
+def test_every_manifest_is_valid_yaml_with_kind_and_api_version(path: Path):
+    documents = _documents(path)
+    assert documents, f"{path} holds no document"
+    for doc in documents:
+        assert isinstance(doc, dict) and doc.get("kind") and doc.get("apiVersion"), doc
+
+
+# -- leader election in every shipped Deployment --------------------------------------------------
+
+
+def test_every_deployment_runs_two_leader_elected_replicas():
+    deployments = _deployments()
+    assert deployments, "manifests/ ships no Deployment"
+    for deployment in deployments:
+        name = deployment["metadata"]["name"]
+        assert deployment["spec"].get("replicas", 1) >= 2, f"{name}: fewer than 2 replicas"
+        container = _container(deployment)
+        assert _arg(container, "--leader-elect") == "", f"{name}: no --leader-elect"
+        assert _arg(container, "--no-leader-elect") is None, f"{name}: leader election off"
+
+
+def test_the_lease_namespace_and_identity_come_from_the_downward_api():
+    container = _container(_one("Deployment", "phalanx"))
+    assert _arg(container, "--leader-elect-namespace") == "$(POD_NAMESPACE)"
+    assert _downward(container, "POD_NAMESPACE") == "metadata.namespace"
+    # The pod name is unique among live pods, and a pod runs one operator process.
+    assert _arg(container, "--leader-elect-identity") == "$(POD_NAME)"
+    assert _downward(container, "POD_NAME") == "metadata.name"
+
+
+def test_a_rolling_update_keeps_a_webhook_server_up():
+    deployment = _one("Deployment", "phalanx")
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+    budget = _one("PodDisruptionBudget", "phalanx")
+    assert budget["spec"]["minAvailable"] >= 1
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# -- RBAC --------------------------------------------------------------------------------------------
+
+
+def _lease_verbs_the_elector_sends() -> set[str]:
+    """Run a real LeaderElector through create, renew and release against a recording fake,
+    and translate the HTTP methods it sent into RBAC verbs (plus list/watch for its watch)."""
+    sent: list[tuple[str, str]] = []
+    lease: dict[str, Any] = {}
+
+    class RecordingApi:
+        async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+            sent.append((method, path))
+            body = kwargs.get("body")
+            if method == "GET":
+                if not lease:
+                    raise ApiError(404, {"reason": "NotFound"}, method=method, path=path)
+                return dict(lease)
+            if method in ("POST", "PUT"):
+                version = int(lease.get("metadata", {}).get("resourceVersion", "0")) + 1
+                lease.clear()
+                lease.update(body, metadata={**body["metadata"], "resourceVersion": str(version)})
+                return dict(lease)
+            raise AssertionError(f"the test's fake does not know {method} {path}")
+
+    config = LeaderElectionConfig(
+        lease_name="phalanx-scheduler",
+        namespace="phalanx-system",
+        identity="pod-a",
+        lease_duration=1.0,
+        renew_deadline=0.3,
+        retry_period=0.05,
+        watch=False,  # the watch is an Informer: list + watch, added below
+    )
+
+    async def campaign() -> None:
+        elector = LeaderElector(cast(KubeApi, RecordingApi()), config)
+        elector.start()
+        await asyncio.wait_for(elector.is_leader.wait(), timeout=5)
+        await asyncio.sleep(0.2)  # a few renewals
+        await elector.stop()  # releases the Lease
+
+    asyncio.run(campaign())
+    assert all("/leases" in path for _, path in sent), sent
+    verbs = {HTTP_VERBS[method] for method, _ in sent}
+    assert {"create", "update"} <= verbs, sent  # the fake saw a creation and a renewal
+    if LeaderElectionConfig.watch:  # the default: candidates watch the Lease
+        verbs |= {"list", "watch"}
+    return verbs
+
+
+def test_the_role_grants_the_lease_verbs_the_elector_uses_in_the_operator_namespace():
+    needed = _lease_verbs_the_elector_sends()
+    assert {"get", "create", "update"} <= needed
+    deployment = _one("Deployment", "phalanx")
+    namespace = deployment["metadata"]["namespace"]
+    granted = {
+        verb
+        for rule_namespace, rule in _rules("Role")
+        if rule_namespace == namespace
+        and "coordination.k8s.io" in rule["apiGroups"]
+        and "leases" in rule["resources"]
+        and not rule.get("resourceNames")
+        for verb in rule["verbs"]
+    }
+    assert needed <= granted, f"Role in {namespace} lacks {needed - granted} on leases"
+    # Leases only in the operator's namespace, never cluster-wide.
+    for _, rule in _rules("ClusterRole"):
+        assert "leases" not in rule["resources"], rule
+    # The Role is bound to the Deployment's ServiceAccount, in that namespace.
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    binding = _one("RoleBinding")
+    role = _one("Role")
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert {"kind": "ServiceAccount", "name": account, "namespace": namespace} in binding[
+        "subjects"
+    ]
+
+
+def test_webhook_configuration_writes_are_limited_to_the_operators_own():
+    own = WebhookConfig().configuration_name
+    rules = [
+        rule
+        for kind in ("ClusterRole", "Role")
+        for _, rule in _rules(kind)
+        if "admissionregistration.k8s.io" in rule["apiGroups"]
+        and WEBHOOK_CONFIGURATIONS & set(rule["resources"])
+    ]
+    assert rules, "no rule lets kopf manage the webhook configurations"
+    for rule in rules:
+        verbs = set(rule["verbs"])
+        if rule.get("resourceNames"):
+            assert rule["resourceNames"] == [own], rule
+        else:
+            # RBAC cannot restrict create by name; nothing else may go unrestricted (patch,
+            # update or delete could rewrite or remove another product's webhooks).
+            assert verbs <= {"create"}, rule
+    granted = {verb for rule in rules for verb in rule["verbs"]}
+    assert {"create", "patch"} <= granted  # what kopf's configuration manager sends
+
+
+def test_no_rule_uses_wildcards():
+    for kind in ("ClusterRole", "Role"):
+        for _, rule in _rules(kind):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], (kind, rule)
