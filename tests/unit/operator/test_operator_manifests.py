@@ -80,7 +80,7 @@ def _downward(container: dict[str, Any], variable: str) -> str | None:
     return None
 
 
-# -- every manifest ------------------------------------------------------------------------------
+# -- every manifest -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_a_rolling_update_keeps_a_webhook_server_up():
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-# -- RBAC --------------------------------------------------------------------------------------------
+# -- RBAC -----------------------------------------------------------------------------------------
 
 
 def _lease_verbs_the_elector_sends() -> set[str]:
