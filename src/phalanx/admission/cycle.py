@@ -90,6 +90,11 @@ def _requeue_backoffs(s: Scheduler, now: int) -> None:
 
 
 def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
+    """Preemptors whose victims are all gone: what they held becomes their usage.
+
+    Nothing ran between the last victim's release and this step, so the victims' quota is
+    still in the hold; if the preemptor does not fit anyway (it counted on free quota that a
+    higher-ordered workload took meanwhile), it goes back to its queue and tries again."""
     ready = sorted({id(e): e for e in s.ready_claims}.values(), key=lambda e: e.seq)
     s.ready_claims = []
     for entry in ready:
@@ -97,6 +102,18 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
             continue
         state = s.queues.get(entry.cluster_queue or "")
         if state is None:
+            continue
+        stopping.release_hold(s, entry)
+        usage = entry.admission.usage()
+        short = [fr for fr, amount in usage.items() if amount > state.node.available(fr)]
+        if short:
+            _back_to_queue(
+                s,
+                entry,
+                PendingReason.WAITING_FOR_QUOTA,
+                f"its preempted workloads are gone, but {short[0][1]} in flavor {short[0][0]}"
+                " was taken meanwhile; trying again",
+            )
             continue
         topology: dict[str, object] = {}
         if s.placement is not None and placing.needs_placement(
@@ -106,19 +123,25 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
                 s.placement, entry.workload, entry.admission, reserve=True
             )
             if not ok:
-                stopping.release_claim(s, entry)
-                entry.phase = Phase.PENDING
-                routing.route(s, entry)
-                routing.explain(s, entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
+                _back_to_queue(s, entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
                 continue
         s.claims.pop(entry.key, None)
         entry.phase = Phase.ADMITTED
         entry.admitted_at = out.now
+        entry.usage = usage
+        s.tree.add_usage(state.node, usage)
         if topology:
             entry.admission = placing.with_topology(entry.admission, topology)
         state.add_admitted(entry)
         _admitted_now(s, entry)
         out.admitted.append(Admit(entry.key, entry.admission, out.now))
+
+
+def _back_to_queue(s: Scheduler, entry: Entry, reason: PendingReason, message: str) -> None:
+    stopping.release_claim(s, entry)
+    entry.phase = Phase.PENDING
+    routing.route(s, entry)
+    routing.explain(s, entry, reason, message)
 
 
 def _wake_dirty_trees(s: Scheduler) -> None:
@@ -433,30 +456,37 @@ def _preempt(
     targets: list[Target],
     out: _Out,
 ) -> None:
-    """Issue preemptions; the preemptor's usage is claimed now so no one else takes it."""
+    """Issue preemptions. The victims keep counting until their eviction has completed
+    (the API shows them reserving until then); the preemptor holds the free quota it
+    counts on beyond its own ClusterQueue's victims, and receives each victim's quota as
+    that victim goes, so no one else takes it meanwhile."""
     state.queue.pop(entry)
     entry.phase = Phase.CLAIMING
-    entry.usage = assignment.usage
+    entry.usage = {}
     entry.admission = assignment.admission(state.name)
-    freed: dict[FlavorResource, int] = {}
     victims = []
     pending: set[str] = set()
     entry.victims_pending = pending
+    from_own_queue: dict[FlavorResource, int] = {}
     for victim, why in targets:
         vstate = s.queues[victim.cluster_queue or ""]
-        s.tree.remove_usage(vstate.node, victim.usage)
-        add_into(freed, victim.usage)
-        vstate.remove_admitted(victim)
-        victim.usage = {}
+        if vstate is state:
+            add_into(from_own_queue, victim.usage)
+        vstate.remove_admitted(victim)  # no longer a preemption candidate
         victim.phase = Phase.EVICTING
         victim.claimed_by = entry.key
         s.evicting[victim.key] = victim
         pending.add(victim.key)
         victims.append(Victim(victim.key, vstate.name, why))
-    s.tree.add_usage(state.node, entry.usage)
+    hold = {}
+    for fr, amount in assignment.usage.items():
+        free = min(amount - from_own_queue.get(fr, 0), state.node.available(fr))
+        if free > 0:
+            hold[fr] = free
+    if hold:
+        s.tree.add_usage(state.node, hold)
+        entry.held = ((state.name, hold),)
     s.claims[entry.key] = entry
-    if any(amount > entry.usage.get(fr, 0) for fr, amount in freed.items()):
-        s.dirty_roots.add(state.node.root)
     routing.explain(
         s,
         entry,

@@ -1,10 +1,12 @@
 """The scheduler's bookkeeping for one workload: where it is and what it holds.
 
 A workload moves through ``PENDING`` (queued, parked, held or backing off) -> ``ADMITTED``,
-or ``PENDING`` -> ``CLAIMING`` (a preemptor holding its quota while its victims terminate)
--> ``ADMITTED``; ``EVICTING`` is an admitted workload told to stop, until the operator
-reports its pods gone. ``usage`` is exactly what the workload currently counts in the quota
-tree, so finishing or evicting it can return usage to where it was.
+or ``PENDING`` -> ``CLAIMING`` (a preemptor waiting for its victims to terminate) ->
+``ADMITTED``; ``EVICTING`` is an admitted workload told to stop, until the operator reports
+its pods gone. ``usage`` is exactly what the workload currently counts in the quota tree, so
+finishing or evicting it can return usage to where it was: an ADMITTED or EVICTING
+workload counts its whole admission (the API still shows it reserving), a CLAIMING one
+nothing of its own; what it holds for itself meanwhile is in ``held``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Entry:
         "cluster_queue",
         "estimate",
         "explanation",
+        "held",
         "key",
         "local_queue",
         "order_time",
@@ -114,6 +117,10 @@ class Entry:
         # each carrying a (garbage-collector tracked) empty set.
         self.victims_pending: set[str] | frozenset[str] = _NO_VICTIMS
         self.claimed_by: str | None = None
+        # A preemptor's hold on the quota tree while its victims terminate: (ClusterQueue,
+        # usage) counted there for it, never more than was available, so the tree stays
+        # within limits. A victim's usage moves here when its eviction completes.
+        self.held: tuple[tuple[str, dict[FlavorResource, int]], ...] = ()
         self.requeue_count = 0
         self.requeue_at = 0
         self.explanation: Explanation | None = None

@@ -159,8 +159,10 @@ class Scheduler:
         claimers = sorted(
             (e for e in self.claims.values() if e.cluster_queue == name), key=lambda e: e.seq
         )
-        if state.admitted or claimers:
-            # Kueue keeps a ClusterQueue (finalizer) until its admitted workloads are gone.
+        reserving = stopping.reserving(self, name)
+        if reserving or claimers:
+            # Kueue keeps a ClusterQueue (finalizer) until no workload holds its quota: the
+            # admitted ones and the ones still being evicted.
             state.terminating = True
             routing.refresh_active(self, state)
             # Nothing is admitted into a queue being deleted: preemptors give up their claim
@@ -169,7 +171,7 @@ class Scheduler:
                 stopping.release_claim(self, entry)
                 entry.phase = Phase.PENDING
                 routing.route(self, entry)
-            if state.admitted:
+            if reserving:
                 return
         root = state.node.root
         for entry in list(state.queue.entries()):
@@ -277,6 +279,9 @@ class Scheduler:
 
     def delete_workload(self, key: str) -> None:
         """The workload is gone (deleted, or finished): release whatever it holds."""
+        # An orphan (restored admitted, its ClusterQueue missing) must not come back with
+        # the ClusterQueue once it is gone.
+        self.orphans.pop(key, None)
         entry = self.entries.pop(key, None)
         if entry is None:
             return

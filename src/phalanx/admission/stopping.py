@@ -23,39 +23,63 @@ __all__ = [
     "local_queue_changed",
     "release_admitted",
     "release_claim",
+    "release_hold",
     "release_placement",
+    "reserving",
     "stop_policy_changed",
 ]
 
 
 def release_admitted(s: Scheduler, entry: Entry) -> None:
-    """An ADMITTED or EVICTING workload stops counting: free its quota and placement."""
+    """An ADMITTED or EVICTING workload stops counting: free its quota and placement.
+
+    A preemption victim's quota is not freed but handed to its preemptor's hold, so that no
+    other workload takes it before the preemptor is admitted (``cycle`` step 2)."""
     state = s.queues.get(entry.cluster_queue or "")
+    claimer = s.claims.get(entry.claimed_by or "")
+    waiting = claimer is not None and entry.key in claimer.victims_pending
     if entry.usage and state is not None:
-        s.tree.remove_usage(state.node, entry.usage)
-        s.dirty_roots.add(state.node.root)
+        if claimer is not None and waiting:
+            claimer.held = (*claimer.held, (state.name, entry.usage))
+        else:
+            s.tree.remove_usage(state.node, entry.usage)
+            s.dirty_roots.add(state.node.root)
     entry.usage = {}
     if state is not None:
         state.remove_admitted(entry)
-        if state.terminating and not state.admitted:
-            s.delete_cluster_queue(state.name)
     s.evicting.pop(entry.key, None)
     release_placement(s, entry)
-    claimer = s.claims.get(entry.claimed_by or "")
-    if claimer is not None and entry.key in claimer.victims_pending:
+    if claimer is not None and waiting:
         claimer.victims_pending = claimer.victims_pending - {entry.key}
         if not claimer.victims_pending:
             s.ready_claims.append(claimer)
     entry.claimed_by = None
     entry.admission = None
+    if state is not None and state.terminating and not reserving(s, state.name):
+        s.delete_cluster_queue(state.name)
+
+
+def reserving(s: Scheduler, cluster_queue: str) -> bool:
+    """Whether any workload still holds quota in ``cluster_queue`` in the API's eyes."""
+    state = s.queues.get(cluster_queue)
+    if state is not None and state.admitted:
+        return True
+    return any(e.cluster_queue == cluster_queue for e in s.evicting.values())
+
+
+def release_hold(s: Scheduler, entry: Entry) -> None:
+    """Give back what a preemptor holds in the quota tree for itself."""
+    for name, usage in entry.held:
+        state = s.queues.get(name)
+        if state is not None and usage:
+            s.tree.remove_usage(state.node, usage)
+            s.dirty_roots.add(state.node.root)
+    entry.held = ()
 
 
 def release_claim(s: Scheduler, entry: Entry) -> None:
     """A preemptor gives up its claim (deleted, stopped queue, deactivated)."""
-    state = s.queues.get(entry.cluster_queue or "")
-    if entry.usage and state is not None:
-        s.tree.remove_usage(state.node, entry.usage)
-        s.dirty_roots.add(state.node.root)
+    release_hold(s, entry)
     entry.usage = {}
     entry.admission = None
     s.claims.pop(entry.key, None)

@@ -1,8 +1,9 @@
 """Properties on random clusters and workload streams (hypothesis).
 
 * usage never exceeds what nominal quota, borrowing and lending limits allow, at any level
-  of the cohort tree, and always equals what the admitted workloads (and preemptors'
-  claims) account for;
+  of the cohort tree, both in the core's books and in what the API shows reserving
+  (admitted workloads and preemption victims still being evicted), and the books always
+  equal what admitted and evicting workloads and preemptors' holds account for;
 * a workload is admitted whole (every pod set at its count, or within [minCount, count]
   when partial admission is allowed) or not at all;
 * admitting then finishing returns usage to where it was;
@@ -86,7 +87,7 @@ def worlds(draw: st.DrawFn) -> World:
 
 
 # One step of the stream: ("add", queue index, cpu, pods, min pods, priority)
-# | ("cycle",) | ("finish", n) | ("evictions",) | ("delete", n)
+# | ("cycle",) | ("finish", n) | ("evictions",) | ("evict-one", n) | ("delete", n)
 Op = tuple[object, ...]
 
 
@@ -114,6 +115,7 @@ def ops(draw: st.DrawFn) -> list[Op]:
                     st.tuples(st.just("finish"), st.integers(0, 50)),
                     st.tuples(st.just("delete"), st.integers(0, 50)),
                     st.just(("evictions",)),
+                    st.tuples(st.just("evict-one"), st.integers(0, 50)),
                     st.just(("cycle",)),
                 ),
                 max_size=3,
@@ -136,8 +138,7 @@ def build(world: World) -> Scheduler:
     return scheduler
 
 
-def accounted_usage(scheduler: Scheduler) -> ResourceTree:
-    """A fresh tree holding exactly what the scheduler's workloads should count."""
+def _empty_copy(scheduler: Scheduler) -> ResourceTree:
     tree = ResourceTree()
     for name in scheduler.tree.cluster_queue_names():
         node = scheduler.tree.cluster_queue(name)
@@ -148,17 +149,39 @@ def accounted_usage(scheduler: Scheduler) -> ResourceTree:
         if node is not None and node.explicit:
             parent = node.parent.name if node.parent else None
             tree.set_cohort(cohort_name, parent=parent, quotas=node.quotas)
+    return tree
+
+
+def accounted_usage(scheduler: Scheduler) -> ResourceTree:
+    """A fresh tree holding exactly what the scheduler's workloads should count: admitted
+    and evicting workloads, and what preemptors hold while their victims terminate."""
+    tree = _empty_copy(scheduler)
     by_queue: dict[str, list[dict[tuple[str, str], int]]] = {}
     for entry in scheduler.entries.values():
         if entry.phase != Phase.PENDING and entry.usage:
             by_queue.setdefault(entry.cluster_queue or "", []).append(entry.usage)
+        for name, held in entry.held:
+            by_queue.setdefault(name, []).append(held)
     for name, usages in by_queue.items():
         tree.add_usage(tree.cluster_queue(name), merge_usage(usages))
     return tree
 
 
+def reserved_in_api(scheduler: Scheduler) -> ResourceTree:
+    """What the API shows reserving: every workload with ``status.admission``, i.e. admitted
+    and still-evicting ones, counted from their admissions (not the core's books)."""
+    tree = _empty_copy(scheduler)
+    for entry in scheduler.entries.values():
+        if entry.phase in (Phase.ADMITTED, Phase.EVICTING):
+            assert entry.admission is not None
+            assert entry.usage == entry.admission.usage(), entry
+            tree.add_usage(tree.cluster_queue(entry.admission.cluster_queue), entry.usage)
+    return tree
+
+
 def check(scheduler: Scheduler, result: CycleResult) -> None:
     assert check_invariants(scheduler.tree) == []
+    assert check_invariants(reserved_in_api(scheduler)) == []
     fresh = accounted_usage(scheduler)
     assert check_invariants(fresh) == []
     for name in scheduler.tree.cluster_queue_names():
@@ -212,8 +235,18 @@ def play(world: World, steps: list[Op], *, checked: bool) -> list[CycleResult]:
             for key in pending_victims:
                 scheduler.workload_evicted(key, now=now)
             pending_victims = []
+        elif kind == "evict-one":
+            # One victim's eviction completes while the preemptor's others still run.
+            if pending_victims:
+                key = pending_victims.pop(int(str(op[1])) % len(pending_victims))
+                scheduler.workload_evicted(key, now=now)
         else:
-            admitted = sorted(k for k, e in scheduler.entries.items() if e.phase == Phase.ADMITTED)
+            # Finishing or deleting hits running workloads and victims still being evicted.
+            admitted = sorted(
+                k
+                for k, e in scheduler.entries.items()
+                if e.phase in (Phase.ADMITTED, Phase.EVICTING)
+            )
             if admitted:
                 key = admitted[int(str(op[1])) % len(admitted)]
                 if kind == "finish":

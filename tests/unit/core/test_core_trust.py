@@ -1,0 +1,148 @@
+"""The promise, in the core: what the API sees reserved never exceeds quota, and a workload's
+usage is counted until the API stops showing it as reserving.
+
+A preemption victim keeps its quota until its eviction has completed (Kueue's rule): the
+quota it frees then goes to the preemptor that asked for it, never to a third workload.
+"""
+
+from __future__ import annotations
+
+from core_builders import (
+    LOWER,
+    Cluster,
+    MakeClusterQueue,
+    MakeFlavorQuotas,
+    MakeWorkload,
+    admitted_names,
+    victim_names,
+)
+
+from phalanx.admission.model import Admission, PodSetAssignment
+from phalanx.admission.records import Phase
+
+
+def wl(name: str, queue: str, cpu: str, priority: int = 0) -> MakeWorkload:
+    return MakeWorkload(name).queue(queue).request("cpu", cpu).priority(priority)
+
+
+def reserved_in_api(cluster: Cluster, cq: str) -> int:
+    """What the API shows reserving quota in ``cq``: admitted workloads, and victims still
+    being evicted (they keep status.admission until their eviction completes)."""
+    total = 0
+    for entry in cluster.scheduler.entries.values():
+        if entry.phase in (Phase.ADMITTED, Phase.EVICTING) and entry.cluster_queue == cq:
+            assert entry.admission is not None
+            total += sum(entry.admission.usage().values())
+    return total
+
+
+def test_freed_quota_is_not_reused_while_the_victim_still_runs() -> None:
+    cluster = Cluster(
+        queues=[
+            MakeClusterQueue("a")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .preemption(within=LOWER)
+            .obj()
+        ]
+    )
+    cluster.admit_all(wl("low", "a", "4", 0))
+    first = cluster.submit(wl("high", "a", "2", 10)).cycle()
+    assert victim_names(first) == ["low"]
+    # Next cycle: "third" would fit in what "high" does not need, but "low" still runs.
+    second = cluster.submit(wl("third", "a", "2", 5)).cycle()
+    assert second.admitted == ()
+    assert cluster.phase("third") == Phase.PENDING
+    assert reserved_in_api(cluster, "a") <= 4000
+    assert cluster.usage("a") == 4000  # the victim's 4 CPUs still count
+    cluster.scheduler.workload_evicted("default/low", now=cluster.now)
+    done = cluster.cycle()
+    assert admitted_names(done) == ["high", "third"]
+    assert reserved_in_api(cluster, "a") == 4000
+
+
+def test_a_victim_that_finishes_while_evicting_hands_its_quota_to_the_preemptor() -> None:
+    cluster = Cluster(
+        queues=[
+            MakeClusterQueue("a")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .preemption(within=LOWER)
+            .obj()
+        ]
+    )
+    cluster.admit_all(wl("low1", "a", "2", 0), wl("low2", "a", "2", 0))
+    first = cluster.submit(wl("high", "a", "4", 10)).cycle()
+    assert victim_names(first) == ["low1", "low2"]
+    # One victim is gone; the other still runs. Its 2 CPUs stay held for "high".
+    cluster.scheduler.finish_workload("default/low1")
+    sneaky = cluster.submit(wl("sneaky", "a", "2", 5)).cycle()
+    assert sneaky.admitted == ()
+    assert reserved_in_api(cluster, "a") == 2000
+    cluster.scheduler.workload_evicted("default/low2", now=cluster.now)
+    assert admitted_names(cluster.cycle()) == ["high"]
+    assert reserved_in_api(cluster, "a") == 4000
+
+
+def test_reclaim_counts_the_borrower_until_its_eviction_completes() -> None:
+    cluster = Cluster(
+        queues=[
+            MakeClusterQueue("a")
+            .cohort("c")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .preemption(reclaim=LOWER)
+            .obj(),
+            MakeClusterQueue("b")
+            .cohort("c")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .obj(),
+            MakeClusterQueue("x")
+            .cohort("c")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "0"))
+            .obj(),
+        ]
+    )
+    cluster.admit_all(wl("b-own", "b", "4", 0), wl("b-borrow", "b", "4", 0))
+    first = cluster.submit(wl("a-high", "a", "4", 10)).cycle()
+    assert victim_names(first) == ["b-borrow"]
+    # "x" has no quota of its own; only borrowing could admit it, and nothing is free.
+    blocked = cluster.submit(wl("x-any", "x", "1", 100)).cycle()
+    assert blocked.admitted == ()
+    total = sum(reserved_in_api(cluster, name) for name in ("a", "b", "x"))
+    assert total <= 8000
+    cluster.scheduler.workload_evicted("default/b-borrow", now=cluster.now)
+    assert admitted_names(cluster.cycle()) == ["a-high"]
+    assert sum(reserved_in_api(cluster, name) for name in ("a", "b", "x")) == 8000
+
+
+def _admission(cq: str, cpu: int) -> Admission:
+    return Admission(
+        cluster_queue=cq,
+        pod_sets=(
+            PodSetAssignment(
+                name="main",
+                flavors={"cpu": "default"},
+                resource_usage={"cpu": cpu},
+                count=1,
+            ),
+        ),
+    )
+
+
+def test_a_restored_orphan_that_is_deleted_does_not_come_back() -> None:
+    """After a restart, an admitted Workload whose ClusterQueue is missing waits as an
+    orphan; once it is gone, recreating the ClusterQueue must not bring its usage back."""
+    cluster = Cluster(queues=[])
+    spec = (
+        MakeClusterQueue("a").resource_group(MakeFlavorQuotas("default").resource("cpu", "4")).obj()
+    )
+    orphan = wl("gone", "a", "4").obj()
+    cluster.scheduler.restore_admitted(orphan, _admission("a", 4000))
+    cluster.scheduler.finish_workload(orphan.key)
+    cluster.scheduler.apply_cluster_queue(spec)
+    assert cluster.usage("a") == 0
+    assert cluster.scheduler.cluster_queue_status("a").admitted == 0
+    # And one that is still there is counted once its queue exists.
+    kept = wl("kept", "a", "3").obj()
+    cluster.scheduler.delete_cluster_queue("a")
+    cluster.scheduler.restore_admitted(kept, _admission("a", 3000))
+    cluster.scheduler.apply_cluster_queue(spec)
+    assert cluster.usage("a") == 3000
