@@ -44,12 +44,15 @@ __all__ = [
     "LOCAL_QUEUES",
     "NODES",
     "PODS",
+    "TRANSIENT_ERRORS",
     "WORKLOADS",
     "ApiError",
     "KubeApi",
+    "MalformedResponse",
     "Resource",
     "dumps",
     "loads",
+    "outcome_unknown",
 ]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -110,6 +113,31 @@ class ApiError(Exception):
         return self.status == 409
 
 
+class MalformedResponse(Exception):
+    """A 2xx answer whose body could not be decoded: the request may well have taken effect."""
+
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+    MalformedResponse,
+)
+"""Failures of the transport or of the answer, as opposed to an answer saying no."""
+
+
+def outcome_unknown(error: BaseException) -> bool:
+    """Whether a write that raised ``error`` may nonetheless have landed.
+
+    A reset after the request was sent, a client timeout, an answer that could not be read,
+    or a server error (a 504 is the API server giving up on etcd while the write goes on)
+    say nothing about whether the write took effect; the object must be read back before
+    the write is forgotten or repeated. A 4xx answer is a definite no."""
+    if isinstance(error, ApiError):
+        return error.status >= 500
+    return isinstance(error, TRANSIENT_ERRORS)
+
+
 class KubeApi:
     """One pooled aiohttp session to one API server.
 
@@ -160,7 +188,19 @@ class KubeApi:
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             raw = await response.read()
-            parsed: Any = loads(raw) if raw else {}
+            try:
+                parsed: Any = loads(raw) if raw else {}
+            except ValueError:
+                if response.status >= 400:
+                    raise ApiError(
+                        response.status,
+                        {"message": f"HTTP {response.status} with a non-JSON body"},
+                        method=method,
+                        path=path,
+                    ) from None
+                raise MalformedResponse(
+                    f"{method} {path}: HTTP {response.status} with a non-JSON body"
+                ) from None
             if response.status >= 400:
                 raise ApiError(
                     response.status,

@@ -31,12 +31,13 @@ from phalanx.api import convert
 from phalanx.operator import conditions as cond
 from phalanx.operator.bridge import CoreBridge
 from phalanx.operator.config import OperatorConfig
+from phalanx.operator.informer import Backoff
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi, Resource
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.oracle import TopologyOracle
 from phalanx.operator.state import ClusterState
-from phalanx.operator.writer import StatusWriter, owned_conditions
+from phalanx.operator.writer import StatusFn, StatusWriter, WriteOutcome, owned_conditions
 
 __all__ = ["Eviction", "SchedulingLoop"]
 
@@ -130,6 +131,7 @@ class SchedulingLoop:
         self.cycles = 0
         self.tick_seconds = 2.0
         self.on_cycle: list[Callable[[CycleResult], None]] = []
+        self.write_backoff = Backoff(initial=0.5, factor=2.0, maximum=30.0)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="phalanx-scheduler")
@@ -311,25 +313,16 @@ class SchedulingLoop:
 
     async def _write_admission(self, admit: Admit) -> None:
         key = admit.workload
-        admission = convert.admission_to_status(admit.admission)
-        now = admit.time
-
-        def build(current: dict[str, Any]) -> dict[str, Any] | None:
-            return {
-                "conditions": cond.admitted(
-                    owned_conditions(current),
-                    cluster_queue=admit.admission.cluster_queue,
-                    now_ms=now,
-                ),
-                "admission": admission,
-            }
-
-        outcome = await self.writer.apply_status(key, build, verb="admit")
-        self.bridge.in_flight_admissions.discard(key)
+        try:
+            outcome = await self._settled_write(key, self._admission_status(admit), verb="admit")
+        finally:
+            self.bridge.in_flight_admissions.discard(key)
         if not outcome.ok:
+            # Known not to have landed (or the Workload is gone): the core forgets it.
             self._failed.append((key, outcome.status))
             self.state.mark_changed()
             return
+        now = admit.time
         workload = self.state.get("Workload", key) or {}
         created = convert.timestamp_ms((workload.get("metadata") or {}).get("creationTimestamp"))
         wait = max(0.0, (now - created) / 1000) if created else 0.0
@@ -349,6 +342,48 @@ class SchedulingLoop:
                 f"wait time since creation {wait:.0f}s",
             )
 
+    @staticmethod
+    def _admission_status(admit: Admit) -> StatusFn:
+        admission = convert.admission_to_status(admit.admission)
+        now = admit.time
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            status = current.get("status") or {}
+            if status.get("admission") == admission and cond.is_true(
+                status.get("conditions"), cond.QUOTA_RESERVED
+            ):
+                return None  # already there (an earlier write whose answer was lost)
+            return {
+                "conditions": cond.admitted(
+                    owned_conditions(current),
+                    cluster_queue=admit.admission.cluster_queue,
+                    now_ms=now,
+                ),
+                "admission": admission,
+            }
+
+        return build
+
+    async def _settled_write(self, key: str, build: StatusFn, *, verb: str) -> WriteOutcome:
+        """``writer.apply_status`` until its outcome is known: a write that may have landed
+        is neither forgotten nor repeated blindly; the writer reads it back, and while the
+        API cannot be read the decision stands (the core keeps the quota counted)."""
+        attempt = 0
+        while True:
+            outcome = await self.writer.apply_status(key, build, verb=verb)
+            if not outcome.unknown:
+                return outcome
+            delay = self.write_backoff.delay(attempt)
+            attempt += 1
+            logger.warning(
+                "event=write_outcome_unknown workload=%s verb=%s retry_in=%.1f error=%r",
+                key,
+                verb,
+                delay,
+                outcome.error,
+            )
+            await asyncio.sleep(delay)
+
     def _start_eviction(self, key: str, eviction: Eviction) -> None:
         if key in self.evicting:
             return
@@ -361,6 +396,13 @@ class SchedulingLoop:
         now = now_ms()
 
         def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            evicted = cond.condition((current.get("status") or {}).get("conditions"), cond.EVICTED)
+            if (
+                evicted is not None
+                and evicted.get("status") == "True"
+                and evicted.get("reason") == eviction.reason
+            ):
+                return None  # already there
             status: dict[str, Any] = {
                 "conditions": cond.evicted(
                     owned_conditions(current),
@@ -375,7 +417,22 @@ class SchedulingLoop:
                 status["admission"] = admission
             return status
 
-        outcome = await self.writer.apply_status(key, build, verb="evict")
+        attempt = 0
+        while True:
+            outcome = await self._settled_write(key, build, verb="evict")
+            if outcome.ok or outcome.status == 404 or self.evicting.get(key) is not eviction:
+                break
+            # Not written: the victim would run on and its preemptor wait forever; the core
+            # still counts it, so retrying is safe.
+            delay = self.write_backoff.delay(attempt)
+            attempt += 1
+            logger.warning(
+                "event=evict_write_retry workload=%s retry_in=%.1f error=%r",
+                key,
+                delay,
+                outcome.error,
+            )
+            await asyncio.sleep(delay)
         eviction.written = True
         if outcome.status == 404:
             self.evicting.pop(key, None)
@@ -437,7 +494,7 @@ class SchedulingLoop:
             return out
 
         try:
-            outcome = await self.writer.apply_status(key, build, verb="requeue")
+            outcome = await self._settled_write(key, build, verb="requeue")
         except BaseException:
             self.bridge.in_flight_releases.discard(key)
             raise

@@ -21,10 +21,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from phalanx.operator import conditions as cond
-from phalanx.operator.kube import EVENTS, WORKLOADS, ApiError, KubeApi
+from phalanx.operator.informer import Backoff
+from phalanx.operator.kube import (
+    EVENTS,
+    TRANSIENT_ERRORS,
+    WORKLOADS,
+    ApiError,
+    KubeApi,
+    outcome_unknown,
+)
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
 
@@ -34,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "phalanx"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is valid YAML
+
+_WRITE_ERRORS: tuple[type[BaseException], ...] = (ApiError, *TRANSIENT_ERRORS)
 
 StatusFn = Callable[[dict[str, Any]], dict[str, Any] | None]
 """Given the current Workload, the status fields Phalanx should own (``conditions``, and
@@ -46,6 +54,9 @@ class WriteOutcome:
     status: int = 0
     """HTTP status of the failure (404: the Workload is gone)."""
     error: str = ""
+    unknown: bool = False
+    """The write may have landed and no read-back could tell (the API is unreachable): the
+    caller must neither forget the decision nor give its quota away; ask again later."""
 
 
 class StatusWriter:
@@ -71,6 +82,8 @@ class StatusWriter:
         self._tasks: list[asyncio.Task[Any]] = []
         self._workers = max(2, concurrency // 2)
         self._locks: dict[str, list[Any]] = {}
+        self.attempts = 4
+        self.backoff = Backoff(initial=0.2, factor=2.0, maximum=5.0)
         self.pending_allowed: Callable[[str], bool] = lambda key: True
         """Set by the scheduling loop: whether ``key`` is still pending in the core (an
         explanation for a workload admitted meanwhile is stale)."""
@@ -98,9 +111,19 @@ class StatusWriter:
         Writes to one Workload are serialized, so each is computed from the response of the
         previous one: a pending message in flight can never land after, and undo, an
         admission.
+
+        A failure whose outcome is unknown (reset, timeout, 5xx, unreadable answer) is
+        resolved by reading the Workload back: ``build`` sees the fresh object and returns
+        None when the write is already there. If the API cannot be read either, the outcome
+        is ``unknown``, never a failure.
         """
         async with self._lock(key), self._urgent:
-            for attempt in range(4):
+            last = WriteOutcome(ok=False, error="no attempt")
+            doubt = False  # some write may have landed without our knowing
+            unsettled: str | None = None  # the precondition of the latest such write
+            for attempt in range(self.attempts):
+                if attempt:
+                    await asyncio.sleep(self.backoff.delay(attempt - 1))
                 current = self.state.get("Workload", key)
                 if current is None:
                     return WriteOutcome(ok=False, status=404, error="workload not found")
@@ -112,23 +135,74 @@ class StatusWriter:
                     await self._apply(current, status)
                     self.metrics.api_write("Workload", verb, ok=True)
                     return WriteOutcome(ok=True)
-                except ApiError as error:
+                except _WRITE_ERRORS as error:
                     self.metrics.api_write("Workload", verb, ok=False)
-                    if error.status in (404, 422) or attempt == 3:
+                    code = error.status if isinstance(error, ApiError) else 0
+                    if code in (404, 422):
+                        last = WriteOutcome(ok=False, status=code, error=str(error))
+                        break
+                    if outcome_unknown(error):
+                        doubt, unsettled = True, resource_version(current)
+                        last = WriteOutcome(ok=False, status=code, error=repr(error), unknown=True)
                         logger.warning(
-                            "event=status_write_failed workload=%s verb=%s error=%r",
+                            "event=status_write_unknown workload=%s verb=%s error=%r",
                             key,
                             verb,
-                            str(error),
+                            str(error) or repr(error),
                         )
-                        return WriteOutcome(ok=False, status=error.status, error=str(error))
-                    await asyncio.sleep(0.2 * (attempt + 1))
-                except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                    self.metrics.api_write("Workload", verb, ok=False)
-                    if attempt == 3:
-                        return WriteOutcome(ok=False, status=0, error=repr(error))
-                    await asyncio.sleep(0.2 * (attempt + 1))
-        return WriteOutcome(ok=False, error="unreachable")
+                    else:
+                        last = WriteOutcome(ok=False, status=code, error=str(error))
+                    # After an unknown outcome or a conflict, read the Workload back, so the
+                    # next attempt's ``build`` sees it (None if the write is there) and its
+                    # precondition is current.
+                    if (outcome_unknown(error) or code == 409) and await self._read_back(
+                        key
+                    ) == 404:
+                        return WriteOutcome(ok=False, status=404, error="workload not found")
+            if doubt:
+                last = await self._settle(key, build, unsettled, last)
+            logger.warning(
+                "event=status_write_failed workload=%s verb=%s unknown=%s error=%r",
+                key,
+                verb,
+                last.unknown,
+                last.error,
+            )
+            return last
+
+    async def _settle(
+        self, key: str, build: StatusFn, unsettled: str | None, last: WriteOutcome
+    ) -> WriteOutcome:
+        """Out of attempts after a write whose outcome is unknown: read the Workload once
+        more. Every write carries its resourceVersion as a precondition, so a Workload that
+        moved past ``unsettled`` without the change can no longer receive it."""
+        read = await self._read_back(key)
+        if read == 404:
+            return WriteOutcome(ok=False, status=404, error="workload not found")
+        current = self.state.get("Workload", key)
+        if read != 200 or current is None:
+            return WriteOutcome(ok=False, status=last.status, error=last.error, unknown=True)
+        if build(current) is None:
+            return WriteOutcome(ok=True)
+        if resource_version(current) != unsettled:
+            return WriteOutcome(ok=False, status=last.status, error=last.error)
+        return WriteOutcome(ok=False, status=last.status, error=last.error, unknown=True)
+
+    async def _read_back(self, key: str) -> int:
+        """GET the Workload into the state (the watch may be behind, or cut); the HTTP
+        status of the read (0 when the API could not be reached)."""
+        namespace, _, name = key.partition("/")
+        try:
+            fresh = await self.api.get(WORKLOADS, name, namespace=namespace)
+        except ApiError as error:
+            if error.not_found:
+                self.state.apply("Workload", "DELETED", self.state.get("Workload", key) or {})
+            return error.status
+        except TRANSIENT_ERRORS:
+            return 0
+        if fresh.get("metadata"):
+            self.state.apply("Workload", "MODIFIED", fresh)
+        return 200
 
     @contextlib.asynccontextmanager
     async def _lock(self, key: str) -> AsyncIterator[None]:
@@ -146,12 +220,16 @@ class StatusWriter:
 
     async def _apply(self, current: dict[str, Any], status: dict[str, Any]) -> None:
         metadata = current["metadata"]
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "Workload",
             "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
             "status": status,
         }
+        if metadata.get("resourceVersion"):
+            # A precondition: a write computed from this version lands on it or not at all,
+            # so a retry after an unknown outcome can never apply twice or over a change.
+            body["metadata"]["resourceVersion"] = metadata["resourceVersion"]
         path = WORKLOADS.path(namespace=metadata["namespace"], name=metadata["name"]) + "/status"
         response = await self.api.request(
             "PATCH",
@@ -279,7 +357,7 @@ class StatusWriter:
         try:
             await self.api.create(EVENTS, body, namespace=namespace)
             self.metrics.api_write("Event", "create", ok=True)
-        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+        except _WRITE_ERRORS as error:
             self.metrics.api_write("Event", "create", ok=False)
             logger.debug("event=event_post_failed reason=%s error=%r", reason, error)
 
@@ -288,6 +366,11 @@ class StatusWriter:
 # field that an apply omits, so every apply carries them over unless the builder drops one
 # explicitly by setting it to None (e.g. ``admission`` when an eviction completes).
 _CARRIED = ("admission", "requeueState")
+
+
+def resource_version(obj: dict[str, Any]) -> str | None:
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None
 
 
 def carry_over(current: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
