@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import aiohttp
 
 from phalanx.operator.jobs import PODSET_LABEL, TOPOLOGY_GATE, WORKLOAD_ANNOTATION
 from phalanx.operator.kube import JSON_PATCH, PODS, ApiError, KubeApi
@@ -66,21 +69,56 @@ def assign_domains(
     return out
 
 
+class _Outcome(enum.Enum):
+    RELEASED = "released"
+    GONE = "gone"  # the pod was deleted: nothing to do
+    RETRY = "retry"  # not released: look at the workload again later
+
+
+# Errors of the transport rather than of the request: the API server was not reached or did
+# not answer in time. aiohttp raises TimeoutError (asyncio's) for a ClientTimeout.
+_TRANSIENT = (aiohttp.ClientError, OSError, TimeoutError)
+
+
 class GateRemover:
-    def __init__(self, api: KubeApi, state: ClusterState, metrics: Metrics) -> None:
+    """Releases the gated pods of admitted workloads; one task, fed by state changes.
+
+    A workload whose pods could not all be released (network error, server error, a pod
+    that changed under the JSON patch) is looked at again after a capped exponential
+    backoff, from the state as it is then: a gated pod is never dropped.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        state: ClusterState,
+        metrics: Metrics,
+        *,
+        retry_base: float = 0.5,
+        retry_max: float = 30.0,
+    ) -> None:
         self.api = api
         self.state = state
         self.metrics = metrics
+        self.retry_base = retry_base
+        self.retry_max = retry_max
         self._pods_of: dict[str, set[str]] = {}  # workload key -> pod keys (gated or not)
+        # pod key -> workload key: the reverse index, so that a pod's removal is O(1).
+        self._workload_of: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failures: dict[str, int] = {}  # workload key -> consecutive failed passes
+        self._retries: dict[str, asyncio.TimerHandle] = {}  # workload key -> pending retry
         state.subscribe(self._on_change)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="phalanx-ungate")
 
     async def stop(self) -> None:
+        for handle in self._retries.values():
+            handle.cancel()
+        self._retries.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -88,25 +126,39 @@ class GateRemover:
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
         if kind == "Pod":
-            namespace = key.partition("/")[0]
             workload = None
             if obj is not None:
                 workload = ((obj.get("metadata") or {}).get("annotations") or {}).get(
                     WORKLOAD_ANNOTATION
                 )
-            if workload is None:
-                for pods in self._pods_of.values():
-                    pods.discard(key)
+            wl_key = None if workload is None else f"{key.partition('/')[0]}/{workload}"
+            previous = self._workload_of.get(key)
+            if previous is not None and previous != wl_key:
+                self._forget_pod(key, previous)
+            if wl_key is None:
                 return
-            wl_key = f"{namespace}/{workload}"
             self._pods_of.setdefault(wl_key, set()).add(key)
+            self._workload_of[key] = wl_key
             if obj is not None and _gated(obj):
                 self._mark(wl_key)
         elif kind == "Workload" and key in self._pods_of:
             if obj is None:
-                self._pods_of.pop(key, None)
+                for pod_key in self._pods_of.pop(key, ()):
+                    self._workload_of.pop(pod_key, None)
+                self._failures.pop(key, None)
+                handle = self._retries.pop(key, None)
+                if handle is not None:
+                    handle.cancel()
             else:
                 self._mark(key)
+
+    def _forget_pod(self, pod_key: str, wl_key: str) -> None:
+        del self._workload_of[pod_key]
+        pods = self._pods_of.get(wl_key)
+        if pods is not None:
+            pods.discard(pod_key)
+            if not pods:
+                del self._pods_of[wl_key]
 
     def _mark(self, wl_key: str) -> None:
         self._dirty.add(wl_key)
@@ -117,12 +169,45 @@ class GateRemover:
             await self._wake.wait()
             self._wake.clear()
             dirty, self._dirty = self._dirty, set()
-            await asyncio.gather(*(self._ungate(key) for key in sorted(dirty)))
+            await asyncio.gather(*(self._pass(key) for key in sorted(dirty)))
 
-    async def _ungate(self, wl_key: str) -> None:
+    async def _pass(self, wl_key: str) -> None:
+        try:
+            done = await self._ungate(wl_key)
+        except Exception:
+            # A malformed object must cost this workload a retry, not every workload the
+            # release of its pods (the task ending would stop all of them).
+            logger.exception("event=ungate_error workload=%s", wl_key)
+            done = False
+        if done:
+            self._failures.pop(wl_key, None)
+        else:
+            self._retry_later(wl_key)
+
+    def _retry_later(self, wl_key: str) -> None:
+        if wl_key in self._retries:
+            return  # a retry is already due; it will read the state as it is then
+        failures = self._failures.get(wl_key, 0) + 1
+        self._failures[wl_key] = failures
+        delay = self.retry_delay(failures)
+        logger.info("event=ungate_retry workload=%s attempt=%d in=%.2f", wl_key, failures, delay)
+        self._retries[wl_key] = asyncio.get_running_loop().call_later(
+            delay, self._retry_due, wl_key
+        )
+
+    def retry_delay(self, failures: int) -> float:
+        """Seconds before the next look at a workload after ``failures`` failed passes."""
+        return float(min(self.retry_max, self.retry_base * 2.0 ** (failures - 1)))
+
+    def _retry_due(self, wl_key: str) -> None:
+        self._retries.pop(wl_key, None)
+        self._mark(wl_key)
+
+    async def _ungate(self, wl_key: str) -> bool:
+        """Release what can be released now; False if a pod must be retried later."""
         workload = self.state.get("Workload", wl_key)
         if workload is None:
-            return
+            return True
         admission = (workload.get("status") or {}).get("admission") or {}
         pods = [self.state.get("Pod", k) for k in sorted(self._pods_of.get(wl_key, ()))]
         for psa in admission.get("podSetAssignments") or ():
@@ -150,10 +235,15 @@ class GateRemover:
             )
             for pod in gated:
                 selector = selectors.get(pod["metadata"]["name"])
-                if selector is not None:
-                    await self._release(pod, selector)
+                if selector is None:
+                    continue
+                if await self._release(pod, selector) is _Outcome.RETRY:
+                    # The next pass recomputes every domain from the state: the pods
+                    # released so far count as placed there.
+                    return False
+        return True
 
-    async def _release(self, pod: dict[str, Any], selector: Mapping[str, str]) -> None:
+    async def _release(self, pod: dict[str, Any], selector: Mapping[str, str]) -> _Outcome:
         spec = pod.get("spec") or {}
         gates = spec.get("schedulingGates") or []
         index = next(i for i, g in enumerate(gates) if g.get("name") == TOPOLOGY_GATE)
@@ -180,11 +270,31 @@ class GateRemover:
             )
         except ApiError as error:
             self.metrics.api_write("Pod", "ungate", ok=False)
-            if not error.not_found:
-                logger.warning("event=ungate_failed pod=%s error=%r", metadata["name"], str(error))
-            return
+            if error.not_found:
+                return _Outcome.GONE
+            # 409/422: the pod changed under the patch (its gates moved, the ``test`` op
+            # failed); the retry reads it again from the state. Others (5xx, 429): the
+            # server could not take it now.
+            logger.warning(
+                "event=ungate_failed pod=%s/%s status=%d error=%r",
+                metadata["namespace"],
+                metadata["name"],
+                error.status,
+                str(error),
+            )
+            return _Outcome.RETRY
+        except _TRANSIENT as error:
+            self.metrics.api_write("Pod", "ungate", ok=False)
+            logger.warning(
+                "event=ungate_failed pod=%s/%s error=%r",
+                metadata["namespace"],
+                metadata["name"],
+                error,
+            )
+            return _Outcome.RETRY
         self.metrics.api_write("Pod", "ungate", ok=True)
         self.state.apply("Pod", "MODIFIED", updated)
+        return _Outcome.RELEASED
 
 
 def _gated(pod: Mapping[str, Any]) -> bool:
