@@ -66,6 +66,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--liveness-port", type=int, default=0, help="kopf /healthz port (off)")
     parser.add_argument(
+        "--liveness-stall-seconds",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="/healthz fails when the scheduling replica completed no cycle for this long (20)",
+    )
+    parser.add_argument(
         "--webhook-port", type=int, default=9443, help="port of the webhook server (9443)"
     )
     parser.add_argument(
@@ -203,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         namespaces=tuple(args.namespaces),
         metrics_port=args.metrics_port or None,
         liveness_port=args.liveness_port or None,
+        liveness_stall_seconds=args.liveness_stall_seconds,
         webhook=webhook,
         wait_for_pods_ready=WaitForPodsReady(
             enabled=args.wait_for_pods_ready > 0,

@@ -1,9 +1,14 @@
 """The kopf application: registry, settings and the embedded run.
 
-kopf runs the process (startup/shutdown, webhooks, probes, logging) and ingests the
-low-volume admin kinds through ``on.event`` handlers, which need neither finalizers nor the
-diff-base annotation, so Phalanx writes nothing onto those objects. The high-volume kinds
-bypass kopf through :mod:`phalanx.operator.informer`, started in ``on.startup``.
+kopf runs the process (startup/shutdown, webhooks, probes, logging). Every kind the scheduler
+reads, admin kinds included, is ingested by Phalanx's own list/watch informers
+(:mod:`phalanx.operator.informer`, started in ``on.startup``): kopf's watch sends no DELETED
+for an object removed while it was disconnected, an informer's relist does. kopf handles no
+object, so it writes nothing (no finalizers, no annotations) onto users' objects.
+
+The liveness endpoint (``--liveness-port``, ``/healthz``) answers 500 when a probe fails: the
+scheduling loop completed no cycle for ``liveness_stall_seconds``. A crashed long-running task
+stops the operator, and :func:`run` returns 1.
 """
 
 from __future__ import annotations
@@ -11,29 +16,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 from typing import Any
 
 import kopf
 
 from phalanx.operator.config import OperatorConfig
-from phalanx.operator.runtime import PhalanxOperator
+from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator, SchedulerStalled
 from phalanx.operator.webhooks import register_webhooks, webhook_server
 
-__all__ = ["ADMIN_KINDS", "build_registry", "build_settings", "run", "tune_gc"]
+__all__ = ["build_registry", "build_settings", "run", "tune_gc"]
 
 logger = logging.getLogger(__name__)
 
-# (group, version, plural, state kind) fed by kopf on.event handlers.
-ADMIN_KINDS = (
-    ("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue"),
-    ("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue"),
-    ("kueue.x-k8s.io", "v1beta2", "cohorts", "Cohort"),
-    ("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor"),
-    ("kueue.x-k8s.io", "v1beta2", "topologies", "Topology"),
-    ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass"),
-    ("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass"),
-    ("", "v1", "namespaces", "Namespace"),
-)
+# After a fatal error kopf stops the operator cleanly (cleanup handlers, the Lease handed
+# back); if that has not ended the process this long after, it exits hard.
+_HARD_EXIT_AFTER = 60.0
 
 
 def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
@@ -46,8 +44,8 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.watching.connect_timeout = 10
     settings.networking.error_backoffs = (1, 2, 5, 10, 20)
     settings.execution.max_workers = 4
-    # on.event handlers keep no progress or diff-base; these are belt and braces so that
-    # nothing kopf-specific is ever written onto users' objects.
+    # kopf handles no objects (only activities and webhooks); these are belt and braces so
+    # that nothing kopf-specific is ever written onto users' objects.
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="phalanx.kueue.x-k8s.io", key="last-handled"
@@ -88,34 +86,29 @@ def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
     def informers_synced(**_: Any) -> bool:
         return op.synced
 
-    for group, version, plural, kind in ADMIN_KINDS:
-        _register_admin_kind(registry, op, group=group, version=version, plural=plural, kind=kind)
+    # PERMANENT: kopf retries a probe that raises an ordinary error (holding the request
+    # open); a permanent failure ends the probe at once and /healthz answers 500.
+    @kopf.on.probe(id="scheduler", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
+    def scheduler(**_: Any) -> dict[str, Any]:
+        try:
+            return op.liveness()
+        except SchedulerStalled as error:
+            raise kopf.PermanentError(str(error)) from error
 
     if op.config.webhook.enabled:
         register_webhooks(registry, validator=op.validate_object)
     return registry
 
 
-def _register_admin_kind(
-    registry: kopf.OperatorRegistry,
-    op: PhalanxOperator,
-    *,
-    group: str,
-    version: str,
-    plural: str,
-    kind: str,
-) -> None:
-    async def on_event(event: kopf.RawEvent, **_: Any) -> None:
-        op.state.apply(kind, event.get("type"), dict(event["object"]))
-
-    kopf.on.event(group, version, plural, id=f"ingest-{plural}", registry=registry)(on_event)
-
-
 def run(config: OperatorConfig) -> int:
-    """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
+    """Run the operator until SIGINT/SIGTERM (exit code 0) or a fatal error (1)."""
     tune_gc()
     _quiet_kopf()
-    op = PhalanxOperator(config)
+    op = PhalanxOperator(
+        config,
+        test_hooks=os.environ.get(TEST_HOOKS_ENV) == "1",
+        hard_exit_after=_HARD_EXIT_AFTER,
+    )
     registry = build_registry(op)
     settings = build_settings(config)
     # kopf installs its own SIGINT/SIGTERM handlers (main thread) and shuts down cleanly.
@@ -131,10 +124,14 @@ def run(config: OperatorConfig) -> int:
                 clusterwide=not config.namespaces,
                 namespaces=list(config.namespaces),
                 liveness_endpoint=liveness,
+                stop_flag=op.stop_flag,
             )
         )
     except kopf.PermanentError as error:
         logger.error("event=operator_failed error=%r", error)
+        return 1
+    if op.fatal is not None:
+        logger.error("event=operator_exit exit_code=1 reason=%r", op.fatal)
         return 1
     return 0
 
@@ -153,6 +150,8 @@ def tune_gc() -> None:
 def _quiet_kopf() -> None:
     """kopf logs a line per handled object at INFO; keep its warnings, drop the chatter."""
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Every /healthz request runs the probes; a failing one still logs at ERROR.
+    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
     logging.getLogger("kopf._core.reactor.observation").setLevel(logging.WARNING)
     logging.getLogger("kopf._core.engines.peering").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

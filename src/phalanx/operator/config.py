@@ -63,3 +63,8 @@ class OperatorConfig:
     """Coalescing window: events arriving within it share one scheduling cycle."""
     leader_election: LeaderElectionConfig | None = None
     """With leader election, only the replica holding the Lease schedules and writes."""
+    liveness_stall_seconds: float = 20.0
+    """The liveness probe fails when this replica schedules (leader, or no leader election)
+    and no scheduling cycle completed for this long; the loop completes one every couple of
+    seconds even when idle. kopf caches a passing probe for 10 s, so a stall is reported
+    within this plus 10 s."""

@@ -2,6 +2,17 @@
 
 kopf's ``on.startup``/``on.cleanup`` call :meth:`PhalanxOperator.startup` and
 :meth:`PhalanxOperator.cleanup`; everything here runs on kopf's event loop.
+
+Keep scheduling or die loudly: every long-running task (informers, leader election, the
+scheduling loop, the status writer, the Job controller, the gate remover, the queue status
+flusher) is watched. One that crashes, or returns while the operator runs, is logged with its
+traceback and stops the operator through kopf's stop flag; :func:`phalanx.operator.app.run`
+then returns exit code 1, so the supervisor restarts a fresh replica. A loop that is alive
+but stuck is caught by the liveness probe (:class:`Heartbeat`).
+
+Test hooks (only with ``PHALANX_TEST_HOOKS=1`` in the environment, for the integration tests
+of liveness and of the crash exit): ``SIGUSR1`` makes the next scheduling cycle hang,
+``SIGUSR2`` makes it raise.
 """
 
 from __future__ import annotations
@@ -11,14 +22,16 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Coroutine
+import threading
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from phalanx.operator import kubeconfig
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.informer import Informer
 from phalanx.operator.jobsync import JobController
-from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, KubeApi, Resource
+from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, ApiError, KubeApi, Resource
 from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
@@ -28,7 +41,15 @@ from phalanx.operator.ungate import GateRemover
 from phalanx.operator.validation import validate_object
 from phalanx.operator.writer import StatusWriter
 
-__all__ = ["PhalanxOperator"]
+__all__ = [
+    "ADMIN_KINDS",
+    "TEST_HOOKS_ENV",
+    "Heartbeat",
+    "OptionalInformer",
+    "PhalanxOperator",
+    "SchedulerStalled",
+    "component_tasks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +57,115 @@ logger = logging.getLogger(__name__)
 # DELETED when a pod leaves the selection), which halves pod traffic on a busy cluster.
 _LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
+ADMIN_KINDS: tuple[tuple[Resource, str], ...] = (
+    (Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False), "ResourceFlavor"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "topologies", namespaced=False), "Topology"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "cohorts", namespaced=False), "Cohort"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", namespaced=False), "ClusterQueue"),
+    (Resource("kueue.x-k8s.io", "v1beta2", "localqueues"), "LocalQueue"),
+    (
+        Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False),
+        "WorkloadPriorityClass",
+    ),
+    (Resource("", "v1", "namespaces", namespaced=False), "Namespace"),
+    (Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False), "PriorityClass"),
+)
+"""The low-volume kinds the scheduler reads, each fed by an :class:`OptionalInformer`: unlike
+kopf's watch, a relist after a lost watch reports the objects deleted meanwhile."""
+
+TEST_HOOKS_ENV = "PHALANX_TEST_HOOKS"
+"""Set to ``1`` to install the test hooks (see the module docstring)."""
+
+
+class OptionalInformer(Informer):
+    """An informer for a kind whose API may be absent (a CRD not installed, or removed).
+
+    A 404 on the list counts as an empty list: the objects known so far are reported
+    ``DELETED`` and ``synced`` is set, so that a missing kind never holds up the first
+    scheduling cycle. The error is still raised to the run loop, which backs off and lists
+    again: once the CRD is installed, its objects arrive.
+    """
+
+    async def _relist(self) -> None:
+        try:
+            await super()._relist()
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            self._absent()
+            raise
+
+    async def _watch(self) -> None:
+        try:
+            await super()._watch()
+        except ApiError as error:
+            if error.status == 404:
+                # The resource went away under a running watch: only a list can tell what
+                # is left, and the run loop lists when it has no resourceVersion.
+                self.resource_version = None
+            raise
+
+    def _absent(self) -> None:
+        if not self.synced.is_set() or self._known:
+            logger.warning("event=resource_absent resource=%s action=treat_as_empty", self.name)
+        for key, uid in list(self._known.items()):
+            namespace, _, name = key.rpartition("/")
+            metadata: dict[str, Any] = {"name": name, "uid": uid}
+            if namespace:
+                metadata["namespace"] = namespace
+            self._deliver("DELETED", {"metadata": metadata})
+        self._known = {}
+        if not self.synced.is_set():
+            self.synced.set()
+            if self.on_synced is not None:
+                self.on_synced()
+
+
+class Heartbeat:
+    """When this replica's scheduling loop last completed a cycle, for the liveness probe.
+
+    Disarmed (always alive) while the replica does not schedule: a standby without the Lease,
+    or a leader whose loop still waits for the informers' first sync (a slow list is not a
+    stuck loop, and a restart would not make it faster).
+    """
+
+    def __init__(self, *, stall_seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.stall_seconds = stall_seconds
+        self._clock = clock
+        self._last: float | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self._last is not None
+
+    def arm(self) -> None:
+        self._last = self._clock()
+
+    def disarm(self) -> None:
+        self._last = None
+
+    def beat(self) -> None:
+        if self._last is not None:
+            self._last = self._clock()
+
+    def since_last(self) -> float | None:
+        """Seconds since the last cycle (or since arming); None while disarmed."""
+        return None if self._last is None else self._clock() - self._last
+
+    def stalled_for(self) -> float | None:
+        """Seconds without a cycle if that is longer than allowed, else None."""
+        since = self.since_last()
+        return since if since is not None and since > self.stall_seconds else None
+
 
 class PhalanxOperator:
-    def __init__(self, config: OperatorConfig) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        *,
+        test_hooks: bool = False,
+        hard_exit_after: float | None = None,
+    ) -> None:
         self.config = config
         self.auth = kubeconfig.load(config.kubeconfig, context=config.context)
         self.state = ClusterState()
@@ -51,6 +178,14 @@ class PhalanxOperator:
         self.synced_event = asyncio.Event()
         self.elector: LeaderElector | None = None
         self._stopping = False
+        self.heartbeat = Heartbeat(stall_seconds=config.liveness_stall_seconds)
+        self.stop_flag = asyncio.Event()
+        """Set on a fatal error: kopf stops the operator (cleanup handlers included)."""
+        self.fatal: str | None = None
+        """Why the operator stopped itself; ``run()`` turns it into exit code 1."""
+        self._hard_exit_after = hard_exit_after
+        self._test_hooks = test_hooks
+        self._hooks: _SchedulerHooks | None = None
 
     @property
     def synced(self) -> bool:
@@ -59,11 +194,68 @@ class PhalanxOperator:
     def validate_object(self, obj: dict[str, Any]) -> list[str]:
         return validate_object(obj)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+    # -- keep scheduling or die loudly -------------------------------------------------------------
+
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], *, name: str, forever: bool = True
+    ) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(_log_crash)
         self._tasks.append(task)
+        return self.watch_task(task, forever=forever)
+
+    def watch_task(self, task: asyncio.Task[Any], *, forever: bool = True) -> asyncio.Task[Any]:
+        """Stop the operator if ``task`` raises; with ``forever``, also if it returns while the
+        operator runs (a long-running task that ends has stopped doing its job)."""
+        task.add_done_callback(lambda done: self._task_done(done, forever=forever))
         return task
+
+    def _task_done(self, task: asyncio.Task[Any], *, forever: bool) -> None:
+        if task.cancelled():
+            return  # cleanup() or a component's stop(): the expected way to end
+        error = task.exception()
+        name = task.get_name()
+        if error is None:
+            if forever and not self._stopping:
+                logger.error("event=task_exited task=%s action=exit", name)
+                self.fail(f"task {name} exited")
+            return
+        logger.error("event=task_crashed task=%s error=%r action=exit", name, error, exc_info=error)
+        self.fail(f"task {name} crashed: {error!r}")
+
+    def fail(self, reason: str) -> None:
+        """Stop the operator with exit code 1 (the first reason is kept)."""
+        if self.fatal is not None:
+            return
+        self.fatal = reason
+        logger.critical("event=operator_fatal reason=%r action=stop exit_code=1", reason)
+        self.stop_flag.set()
+        if self._hard_exit_after is not None:
+            _start_exit_watchdog(self._hard_exit_after)
+
+    def liveness(self) -> dict[str, Any]:
+        """The liveness probe's answer; raises :class:`SchedulerStalled` when this replica
+        should schedule and its loop completed no cycle for too long."""
+        loop: SchedulingLoop | None = getattr(self, "loop", None)
+        cycles = loop.cycles if loop is not None else 0
+        stalled = self.heartbeat.stalled_for()
+        if stalled is not None:
+            logger.error(
+                "event=liveness_failed reason=scheduler_stalled seconds_since_cycle=%.1f cycles=%d",
+                stalled,
+                cycles,
+            )
+            raise SchedulerStalled(
+                f"no scheduling cycle completed for {stalled:.1f}s"
+                f" (limit {self.heartbeat.stall_seconds:g}s)"
+            )
+        since = self.heartbeat.since_last()
+        return {
+            "scheduling": self.heartbeat.armed,
+            "cycles": cycles,
+            "seconds_since_cycle": None if since is None else round(since, 1),
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------------
 
     async def startup(self) -> None:
         if self._started:
@@ -113,9 +305,14 @@ class PhalanxOperator:
         self.loop.on_cycle.append(
             lambda _result: self.queue_status.snapshot(loop.scheduler, loop.bridge.invalid_admin)
         )
+        self.loop.on_cycle.append(lambda _result: self.heartbeat.beat())
         self._components = [
             c for c in (self.writer, self.jobs, self.ungate, self.queue_status, self.loop) if c
         ]
+        if self._test_hooks:
+            self._hooks = _SchedulerHooks(self.loop)
+        for resource, kind in ADMIN_KINDS:
+            self._start_informer(resource, kind, optional=True)
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
@@ -123,7 +320,9 @@ class PhalanxOperator:
         if self.elector is None:
             self._start_scheduling()
         else:
-            self.elector.start()
+            # Not in _tasks: cleanup() stops it last, through elector.stop(), which hands
+            # the Lease back once the components are stopped.
+            self.watch_task(self.elector.start())
         logger.info(
             "event=operator_started server=%s namespaces=%s",
             self.auth.server,
@@ -137,11 +336,25 @@ class PhalanxOperator:
         so the loop's first sync sees every object."""
         for component in self._components:
             component.start()
+            tasks = component_tasks(component)
+            if not tasks:
+                # A component whose task this cannot see would die silently: say so.
+                logger.warning("event=task_unwatched component=%s", type(component).__name__)
+            for task in tasks:
+                self.watch_task(task)
+        # The heartbeat starts with the loop's first sync done: until then the loop waits
+        # for the informers' lists, which is not a stall.
+        self.spawn(self._arm_heartbeat(), name="phalanx-heartbeat-arm", forever=False)
+
+    async def _arm_heartbeat(self) -> None:
+        await self.loop.ready.wait()
+        self.heartbeat.arm()
 
     def _lost_leadership(self) -> None:
         """The tenure is over and the fence already refuses every write (it reads the clock
         at send time). Exit, so that the supervisor restarts this replica as a fresh
         candidate whose state is rebuilt from the API, as controller-runtime does."""
+        self.heartbeat.disarm()
         if self._stopping:
             return  # a clean shutdown: cleanup() stops everything in order
         logger.error("event=leadership_lost action=exit")
@@ -154,13 +367,15 @@ class PhalanxOperator:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        optional: bool = False,
     ) -> None:
         assert self.api is not None
         namespaces: tuple[str | None, ...] = (
             self.config.namespaces if resource.namespaced and self.config.namespaces else (None,)
         )
+        factory = OptionalInformer if optional else Informer
         for namespace in namespaces:
-            informer = Informer(
+            informer = factory(
                 self.api,
                 resource,
                 self.state.handler(kind),
@@ -170,14 +385,18 @@ class PhalanxOperator:
                 on_synced=self.state.mark_changed,
             )
             self.informers.append(informer)
-            self._tasks.append(informer.start())
+            self._tasks.append(self.watch_task(informer.start()))
 
     async def wait_synced(self) -> None:
+        """Every informer, admin kinds included, has delivered its first list."""
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
         self.synced_event.set()
 
     async def cleanup(self) -> None:
         self._stopping = True
+        self.heartbeat.disarm()
+        if self._hooks is not None:
+            self._hooks.close()  # a hung test cycle holds an executor thread asyncio.run joins
         for component in reversed(self._components):
             stop = getattr(component, "stop", None)
             if stop is not None:
@@ -190,15 +409,79 @@ class PhalanxOperator:
                 await task
         self._tasks.clear()
         if self.elector is not None:
-            await self.elector.stop()  # releases the Lease: the standby takes over at once
+            # Releases the Lease: the standby takes over at once. A crashed elector task
+            # re-raises here; it was logged when it crashed, and the client must still close.
+            with contextlib.suppress(Exception):
+                await self.elector.stop()
         if self.api is not None:
             await self.api.close()
-        logger.info("event=operator_stopped")
+        logger.info("event=operator_stopped fatal=%r", self.fatal)
 
 
-def _log_crash(task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        logger.error("event=task_crashed task=%s error=%r", task.get_name(), error)
+class SchedulerStalled(Exception):
+    """The liveness probe's failure: the scheduling loop stopped completing cycles."""
+
+
+def component_tasks(component: Any) -> list[asyncio.Task[Any]]:
+    """The long-running tasks a started component runs (``_task`` or the ``_tasks`` list).
+
+    The components keep their tasks in these attributes; a set (the scheduling loop's
+    short-lived write tasks, each logged when it fails) is not a long-running task."""
+    tasks: list[asyncio.Task[Any]] = []
+    single = getattr(component, "_task", None)
+    if isinstance(single, asyncio.Task):
+        tasks.append(single)
+    many = getattr(component, "_tasks", None)
+    if isinstance(many, list):
+        tasks.extend(t for t in many if isinstance(t, asyncio.Task))
+    return tasks
+
+
+def _start_exit_watchdog(seconds: float) -> None:
+    """The clean stop after a fatal error runs on the event loop; if that loop is wedged (a
+    blocked executor thread, a hung cleanup), exit anyway: a thread, not a loop callback."""
+
+    def hard_exit() -> None:
+        logger.critical("event=exit_forced after_seconds=%.0f exit_code=1", seconds)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True
+    timer.start()
+
+
+class _SchedulerHooks:
+    """Test hooks, installed only with ``PHALANX_TEST_HOOKS=1``: ``SIGUSR1`` makes the next
+    scheduling cycle hang (a stuck scheduler: the task lives, no cycle completes), ``SIGUSR2``
+    makes it raise (a crashed scheduling task). Both act inside the real cycle, in the worker
+    thread the loop runs it in."""
+
+    def __init__(self, loop: SchedulingLoop) -> None:
+        self.mode: str | None = None
+        self._release = threading.Event()
+        inner = loop.scheduler.run_cycle
+
+        def run_cycle(now: int) -> Any:
+            if self.mode == "stall":
+                self._release.wait()
+            elif self.mode == "crash":
+                raise RuntimeError("test hook: simulated scheduler crash")
+            return inner(now)
+
+        loop.scheduler.run_cycle = run_cycle  # type: ignore[method-assign]
+        event_loop = asyncio.get_running_loop()
+        event_loop.add_signal_handler(signal.SIGUSR1, self._set, "stall")
+        event_loop.add_signal_handler(signal.SIGUSR2, self._set, "crash")
+        logger.warning("event=test_hooks_enabled env=%s signals=SIGUSR1,SIGUSR2", TEST_HOOKS_ENV)
+
+    def _set(self, mode: str) -> None:
+        logger.warning("event=test_hook mode=%s", mode)
+        self.mode = mode
+
+    def close(self) -> None:
+        self.mode = None
+        self._release.set()
+        event_loop = asyncio.get_running_loop()
+        event_loop.remove_signal_handler(signal.SIGUSR1)
+        event_loop.remove_signal_handler(signal.SIGUSR2)
