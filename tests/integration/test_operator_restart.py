@@ -3,6 +3,7 @@ admitted twice, and its quota is neither lost nor counted twice."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -104,6 +105,81 @@ def test_restart_restores_admissions_without_readmitting_or_leaking_quota(
             )
         finally:
             second.stop()
+            delete_cluster_objects(
+                cluster,
+                f"clusterqueue.kueue.x-k8s.io/{cq}",
+                f"resourceflavor.kueue.x-k8s.io/{POOL}",
+            )
+
+
+def test_a_deleted_cluster_queue_in_use_survives_a_restart_until_its_workloads_are_gone(
+    cluster: ClusterHandle,
+    kueue_crds: Path,
+    tmp_path: Path,
+    namespace: str,
+) -> None:
+    """Kueue's resource-in-use finalizer: the terminating state lives in the API, not in one
+    process's memory, so a restart neither drops the ClusterQueue nor orphans its usage."""
+    cq = f"{namespace}-del-{int(time.time()) % 100000}"
+    finalizer = "kueue.x-k8s.io/resource-in-use"
+
+    def cq_object() -> dict[str, object] | None:
+        result = cluster.kubectl("get", "clusterqueue", cq, "-o", "json")
+        if result.returncode != 0:
+            return None
+        obj: dict[str, object] = json.loads(result.stdout)
+        return obj
+
+    def finalizers() -> list[str]:
+        obj = cq_object()
+        metadata = obj.get("metadata") if obj else None
+        return list((metadata or {}).get("finalizers") or ())  # type: ignore[attr-defined]
+
+    with node_pool(cluster, POOL, racks=1, hosts=2):
+        apply(cluster, flavor(POOL, pool=POOL), cluster_queue(cq, flavor_name=POOL, gpus=16))
+        first = start_operator(cluster, tmp_path, name="first")
+        try:
+            apply(cluster, local_queue("lq", cluster_queue_name=cq), namespace=namespace)
+            apply(cluster, gpu_job("held", queue="lq"), namespace=namespace)
+            wait_for(
+                "the Job admitted and the ClusterQueue finalized",
+                lambda: (
+                    (w := workload_of(cluster, namespace, "held")) is not None
+                    and is_true(w, "Admitted")
+                    and finalizer in finalizers()
+                ),
+                log=first.log_tail,
+            )
+            cluster.kubectl_ok("delete", "clusterqueue", cq, "--wait=false")
+            time.sleep(2)
+            assert cq_object() is not None, "deleted while a Workload holds its quota"
+        finally:
+            first.stop()
+        second = start_operator(cluster, tmp_path, name="second")
+        try:
+            time.sleep(3)
+            obj = cq_object()
+            assert obj is not None and finalizer in finalizers(), (
+                f"the restart let go of a ClusterQueue in use:\n{second.log_tail()}"
+            )
+            assert gpu_usage(cluster, cq)[1] == 1
+            cluster.kubectl_ok("delete", "job", "held", "-n", namespace, "--wait=false")
+            wait_for(
+                "the ClusterQueue gone once its last Workload is",
+                lambda: cq_object() is None,
+                timeout=60,
+                log=second.log_tail,
+            )
+        finally:
+            second.stop()
+            cluster.kubectl(
+                "patch",
+                "clusterqueue",
+                cq,
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+            )
             delete_cluster_objects(
                 cluster,
                 f"clusterqueue.kueue.x-k8s.io/{cq}",

@@ -242,7 +242,12 @@ def _reset(cluster: Any) -> None:
         "clusterqueue.kueue.x-k8s.io/team-b",
         "cohort.kueue.x-k8s.io/research",
     ):
-        cluster.kubectl("delete", ref, "--ignore-not-found", "--wait=true", timeout=60)
+        cluster.kubectl("delete", ref, "--ignore-not-found", "--wait=false")
+        if ref.startswith("clusterqueue"):
+            # The previous demo's operator is gone: nobody else removes the resource-in-use
+            # finalizer, and its Workloads went with the namespaces.
+            cluster.kubectl("patch", ref, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+        cluster.kubectl("wait", "--for=delete", ref, "--timeout=60s")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -79,6 +79,7 @@ class CoreBridge:
         self._terminal: set[str] = set()
         self._pod_uids: dict[str, str] = {}
         self._admin_seen: dict[tuple[str, str], object] = {}
+        self._deleting_queues: set[str] = set()
         self.in_flight_admissions: set[str] = set()
         """Workloads whose admission write is in flight: their cached object does not show
         the reservation yet, which must not be read as an eviction."""
@@ -131,6 +132,9 @@ class CoreBridge:
         workload_keys = deltas.get("Workload", set())
         for key in sorted(workload_keys, key=self._order):
             self._workload(key, now_ms=now_ms, result=result)
+        for name in sorted(self._deleting_queues):
+            self.scheduler.delete_cluster_queue(name)
+        self._deleting_queues.clear()
         return result
 
     def _order(self, key: str) -> tuple[str, str]:
@@ -190,9 +194,15 @@ class CoreBridge:
                     s.apply_cohort(convert.cohort(obj))
             elif kind == "ClusterQueue":
                 if obj is None:
+                    self._deleting_queues.discard(key)
                     s.delete_cluster_queue(key)
                 else:
                     s.apply_cluster_queue(convert.cluster_queue(obj))
+                    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                        # Deleted, held by the resource-in-use finalizer: terminating once
+                        # this sync's Workloads are in (after a restart, the restored ones
+                        # are what keeps it).
+                        self._deleting_queues.add(key)
             elif kind == "LocalQueue":
                 namespace, _, name = key.partition("/")
                 if obj is None:
@@ -304,4 +314,8 @@ def _fingerprint(kind: str, obj: Mapping[str, Any] | None) -> object:
     if "generation" not in metadata:
         # Kinds without a status subresource: any new version may carry a new spec.
         return metadata.get("resourceVersion")
-    return (metadata.get("uid"), metadata.get("generation"))
+    return (
+        metadata.get("uid"),
+        metadata.get("generation"),
+        bool(metadata.get("deletionTimestamp")),
+    )

@@ -31,6 +31,7 @@ from phalanx.api import convert
 from phalanx.operator import conditions as cond
 from phalanx.operator.bridge import CoreBridge
 from phalanx.operator.config import OperatorConfig
+from phalanx.operator.finalizers import ClusterQueueFinalizers
 from phalanx.operator.informer import Backoff
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi, Resource
@@ -119,6 +120,7 @@ class SchedulingLoop:
             placement=self.oracle,
         )
         self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
+        self.finalizers = ClusterQueueFinalizers(api, state, spawn=self._spawn)
         writer.pending_allowed = self._still_pending
         self.evicting: dict[str, Eviction] = {}
         self._failed: list[tuple[str, int]] = []
@@ -198,6 +200,7 @@ class SchedulingLoop:
             self.scheduler.workload_evicted(key, now=eviction.released_at, backoff=eviction.backoff)
         self._released.clear()
         result = self.bridge.sync(self.state.drain(), now_ms=now)
+        self.finalizers.reconcile(in_core=self.scheduler.queues.__contains__)
         for key in result.deleted:
             self.writer.forget(key)
             self.evicting.pop(key, None)
