@@ -483,6 +483,10 @@ class JobBurst:
         )
         for cq in self.queues:
             c.kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
+            # Only a running operator removes the resource-in-use finalizer; none runs now.
+            unfinalize = '{"metadata":{"finalizers":null}}'
+            c.kubectl("patch", "clusterqueue", cq, "--type=merge", "-p", unfinalize)
+            c.kubectl("wait", "--for=delete", f"clusterqueue/{cq}", "--timeout=60s")
         c.kubectl(
             "delete", "resourceflavor", f"{self.prefix}-gpu", "--ignore-not-found", "--wait=false"
         )
