@@ -11,9 +11,13 @@ Steps (each a function below):
    each Workload ``runtimeMs`` after Admitted, as Kueue's runner) and an
    :class:`InvariantChecker`;
 4. create the Workloads at their creation intervals, concurrent POSTs through a bounded
-   pool, until every one is Finished;
+   pool, until every one is Finished, sampling the operator's resident memory meanwhile;
 5. read the operator's API-write counter and CPU time, check invariants and leaks, delete
    everything the run created.
+
+Time to admission counts from each Workload's scheduled creation (``t0`` + its ``at_ms``),
+not from when the bench got it created: a creation backlog counts against the system. The
+from-creation figure and the creation lag are reported beside it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from phalanx.admission.simulate import ClassResult, Scenario, ideal_ms
+from phalanx.admission.simulate import Scenario, ideal_ms
 from phalanx.operator import kubeconfig
 from phalanx.operator.bench_objects import (
     PlannedWorkload,
@@ -39,13 +43,14 @@ from phalanx.operator.bench_objects import (
 )
 from phalanx.operator.bench_proc import (
     OperatorProcess,
+    RssSampler,
     cpu_seconds,
     scrape,
     start_operator,
 )
 from phalanx.operator.bench_result import E2EResult, e2e_problems, write_counts
 from phalanx.operator.bench_setup import SELECTOR, ScenarioObjects
-from phalanx.operator.bench_tracker import Track, WorkloadTracker, percentile
+from phalanx.operator.bench_tracker import Track, WorkloadTracker
 from phalanx.operator.faults_invariants import InvariantChecker
 from phalanx.operator.informer import Informer
 from phalanx.operator.kube import (
@@ -93,7 +98,6 @@ class _Run:
         self.operator: OperatorProcess | None = None
         self.create_errors = 0
         self.finish_writes = 0
-        self.lags: list[float] = []
         self.checker = InvariantChecker()
 
     @property
@@ -192,19 +196,29 @@ class _Run:
         before_text = await self._scrape()
         cpu_before, plane_before = self._cpu()
         bench_before = _own_cpu()
+        pid = self._operator_pid()
+        rss = RssSampler.for_pid(pid, interval=0.5) if pid else None
+        if rss is not None:
+            rss.start()
         t0 = time.monotonic()
         timeout = self.options.timeout_s or max(600.0, 10 * ideal_ms(self.scenario) / 1000)
         dispatcher = asyncio.get_running_loop().create_task(self._dispatch(tracker, t0))
         try:
-            await asyncio.wait_for(tracker.all_finished.wait(), timeout=timeout)
-        except TimeoutError:
-            logger.warning(
-                "event=bench_timeout finished=%d of=%d", tracker.finished, len(tracker.tracks)
-            )
-        dispatcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await dispatcher
-        await tracker.drain()
+            try:
+                await asyncio.wait_for(tracker.all_finished.wait(), timeout=timeout)
+            except TimeoutError:
+                logger.warning(
+                    "event=bench_timeout finished=%d of=%d", tracker.finished, len(tracker.tracks)
+                )
+            dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dispatcher
+            await tracker.drain()
+        finally:
+            if rss is not None:
+                await asyncio.to_thread(rss.stop)
+        if rss is not None and rss.longest_gap_s > 1.0:
+            logger.warning("event=rss_sample_gap longest_s=%.2f", rss.longest_gap_s)
         end = tracker.last_finished_at or time.monotonic()
         after_text = await self._scrape()
         cpu_after, plane_after = self._cpu()
@@ -223,6 +237,7 @@ class _Run:
             bench_cpu=bench_cpu,
             problems=problems,
             setup_s=setup_s,
+            rss=rss,
         )
 
     async def _dispatch(self, tracker: WorkloadTracker, t0: float) -> None:
@@ -244,12 +259,10 @@ class _Run:
                 semaphore.release()
 
         for workload in self.workloads:
-            due = t0 + workload.at_ms / 1000
-            delay = due - time.monotonic()
+            delay = workload.scheduled_at(t0) - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             await semaphore.acquire()
-            self.lags.append(max(0.0, time.monotonic() - due))
             task = asyncio.get_running_loop().create_task(post(workload))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -327,28 +340,12 @@ class _Run:
         bench_cpu: float,
         problems: tuple[str, ...],
         setup_s: float,
+        rss: RssSampler | None,
     ) -> E2EResult:
-        waits = tracker.times_to_admission_ms()
-        counts: dict[str, int] = {}
-        evictions: dict[str, int] = {}
-        for track in tracker.tracks.values():
-            cls = track.planned.class_name
-            counts[cls] = counts.get(cls, 0) + 1
-            evictions[cls] = evictions.get(cls, 0) + track.evictions
-        classes = {
-            cls: ClassResult(
-                count=counts[cls],
-                avg_time_to_admission_ms=int(
-                    sum(waits.get(cls, [])) / max(1, len(waits.get(cls, [])))
-                ),
-                evictions=evictions[cls],
-            )
-            for cls in counts
-        }
+        timing = tracker.timing(start=t0)
         nominal: dict[str, int] = {}
         for q in self.queues:
             nominal[q.cq_class] = nominal.get(q.cq_class, 0) + q.nominal
-        all_waits = [w for ws in waits.values() for w in ws]
         admissions = sum(t.admissions for t in tracker.tracks.values())
         writes, by_verb, cycles = write_counts(before, after)
         return E2EResult(
@@ -359,10 +356,13 @@ class _Run:
             evictions=sum(t.evictions for t in tracker.tracks.values()),
             real_wall_ms=int(1000 * (end - t0)),
             ideal_ms=ideal_ms(self.scenario),
-            classes=classes,
+            classes=timing.classes,
             cq_classes=tracker.usage_pct(nominal_by_class=nominal, start=t0, end=end),
-            p50_time_to_admission_ms=int(percentile(all_waits, 50)),
-            p99_time_to_admission_ms=int(percentile(all_waits, 99)),
+            p50_time_to_admission_ms=timing.p50_ms,
+            p99_time_to_admission_ms=timing.p99_ms,
+            avg_admission_from_create_ms=timing.avg_from_create_ms,
+            p50_admission_from_create_ms=timing.p50_from_create_ms,
+            p99_admission_from_create_ms=timing.p99_from_create_ms,
             api_writes=writes,
             api_writes_per_admission=None
             if writes is None or not admissions
@@ -372,8 +372,13 @@ class _Run:
             cycles=cycles,
             bench_cpu_s=bench_cpu,
             control_plane_cpu_s=plane,
-            creation_lag_p99_ms=int(1000 * percentile(self.lags, 99)),
-            creation_lag_max_ms=int(1000 * max(self.lags, default=0.0)),
+            creation_lag_p50_ms=timing.creation_lag_p50_ms,
+            creation_lag_p99_ms=timing.creation_lag_p99_ms,
+            creation_lag_max_ms=timing.creation_lag_max_ms,
+            operator_rss_peak_mib=None if rss is None else rss.peak_mib,
+            operator_rss_end_mib=None if rss is None else rss.end_mib,
+            operator_rss_samples=0 if rss is None else rss.samples,
+            operator_rss_max_gap_s=0.0 if rss is None else rss.longest_gap_s,
             create_errors=self.create_errors,
             finish_writes=self.finish_writes,
             invariant_problems=problems,

@@ -54,7 +54,7 @@ class PlannedWorkload:
     namespace: str
     name: str
     at_ms: int
-    """Creation time, from the start of the run."""
+    """Scheduled creation time, from the start of the run (the generator's timeline)."""
     class_name: str
     cq_class: str
     runtime_ms: int
@@ -70,6 +70,11 @@ class PlannedWorkload:
     @property
     def usage(self) -> int:
         return self.request * self.pod_count
+
+    def scheduled_at(self, start: float) -> float:
+        """When the scenario creates this Workload, on the clock of ``start`` (seconds):
+        the time its creation is due, and that time to admission counts from."""
+        return start + self.at_ms / 1000
 
 
 def plan(scenario: Scenario) -> tuple[list[PlannedQueue], list[PlannedWorkload]]:

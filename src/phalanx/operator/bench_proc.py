@@ -1,5 +1,5 @@
 """Processes around a benchmark or fault run: a ``phalanx operator`` subprocess, its
-Prometheus metrics, and CPU time read from ``/proc``.
+Prometheus metrics, and CPU time and resident memory read from ``/proc``.
 
 The operator runs as its own process (``python -m phalanx.cli.main operator``) exactly as a
 user starts it, so what is measured is the shipped command, webhooks and all.
@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -22,10 +23,13 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
+    "Memory",
     "OperatorProcess",
+    "RssSampler",
     "cpu_seconds",
     "free_port",
     "metric_sum",
+    "read_memory",
     "scrape",
     "start_operator",
 ]
@@ -49,6 +53,98 @@ def cpu_seconds(pid: int) -> float | None:
     fields = raw[raw.rindex(")") + 2 :].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Resident memory of a process, in KiB (``/proc/<pid>/status`` says "kB", meaning KiB)."""
+
+    rss_kib: int
+    """``VmRSS``: resident now."""
+    hwm_kib: int | None
+    """``VmHWM``: the most it was ever resident (the kernel's high-water mark)."""
+
+
+def read_memory(status: Path) -> Memory | None:
+    """``VmRSS`` and ``VmHWM`` from a ``/proc/<pid>/status`` file; None if the process is
+    gone (or is a zombie or kernel thread, which have no ``VmRSS`` line)."""
+    try:
+        text = status.read_text()
+    except OSError:
+        return None
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if sep and key in ("VmRSS", "VmHWM"):
+            number, _, unit = rest.strip().partition(" ")
+            if unit.strip() == "kB" and number.isdigit():
+                values[key] = int(number)
+    if "VmRSS" not in values:
+        return None
+    return Memory(rss_kib=values["VmRSS"], hwm_kib=values.get("VmHWM"))
+
+
+class RssSampler:
+    """Samples a process's resident memory from ``/proc/<pid>/status`` every ``interval``
+    seconds on a thread of its own (so a busy event loop does not thin the samples out),
+    from :meth:`start` until :meth:`stop`, which takes one last sample.
+
+    ``peak_mib`` is the highest ``VmHWM`` (or ``VmRSS``) seen, so it covers the process's
+    whole life, start-up included; ``end_mib`` is ``VmRSS`` at the last sample."""
+
+    def __init__(self, status: Path, *, interval: float = 0.5) -> None:
+        self.status = status
+        self.interval = interval
+        self.samples = 0
+        self.peak_kib: int | None = None
+        self.last_kib: int | None = None
+        self.longest_gap_s = 0.0
+        """The longest time between two successful samples."""
+        self._last_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_pid(cls, pid: int, *, interval: float = 0.5) -> RssSampler:
+        return cls(Path(f"/proc/{pid}/status"), interval=interval)
+
+    def sample(self, *, now: float | None = None) -> Memory | None:
+        memory = read_memory(self.status)
+        if memory is None:
+            return None
+        at = time.monotonic() if now is None else now
+        if self._last_at is not None:
+            self.longest_gap_s = max(self.longest_gap_s, at - self._last_at)
+        self._last_at = at
+        self.samples += 1
+        self.last_kib = memory.rss_kib
+        high = max(memory.rss_kib, memory.hwm_kib or 0)
+        self.peak_kib = high if self.peak_kib is None else max(self.peak_kib, high)
+        return memory
+
+    @property
+    def peak_mib(self) -> float | None:
+        return None if self.peak_kib is None else self.peak_kib / 1024
+
+    @property
+    def end_mib(self) -> float | None:
+        return None if self.last_kib is None else self.last_kib / 1024
+
+    def start(self) -> None:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
 
 
 def scrape(url: str, *, timeout: float = 10.0) -> str:

@@ -96,7 +96,7 @@ def test_objects_carry_quota_preemption_and_the_cleanup_label(scenario):  # type
     assert wl["metadata"]["labels"]["kueue.x-k8s.io/performance-scheduler-running-ms"] == "200"
 
 
-def test_plan_of_the_baseline_has_15000_workloads_and_the_ideal_of_bench_core():
+def test_plan_of_the_baseline_has_15000_workloads_and_the_ideal_of_bench_core() -> None:
     scenario = load_scenario(BENCH / "baseline" / "generator.yaml")
     queues, workloads = plan(scenario)
     assert (len(queues), len(workloads)) == (30, 15_000)
@@ -144,13 +144,21 @@ def test_tracker_finishes_runtime_after_admission_and_restarts_after_eviction(sc
     track = tracker.tracks["ns/w"]
     assert (track.admissions, track.evictions) == (2, 1)
     assert tracker.all_finished.is_set()
-    assert tracker.times_to_admission_ms() == {target.class_name: [4000.0]}  # last admission
+    # from the last admission; the schedule's origin at 0.9 s puts the creation due at 1.0 s
+    origin = 1.0 - target.at_ms / 1000
+    assert tracker.times_from_creation_ms() == {target.class_name: [4000.0]}
+    assert tracker.times_to_admission_ms(start=origin) == {
+        target.class_name: [pytest.approx(4000.0)]
+    }
+    assert tracker.times_to_admission_ms(start=origin - 2) == {
+        target.class_name: [pytest.approx(6000.0)]
+    }
     usage = tracker.usage_pct(nominal_by_class={target.cq_class: 2000}, start=0.0, end=10.0)
     # held 1000 milli-CPU for 0.01 s + 0.5 s out of 2000 over 10 s
     assert usage[target.cq_class] == pytest.approx(100 * 1000 * 0.51 / (2000 * 10))
 
 
-def test_percentile_nearest_rank():
+def test_percentile_nearest_rank() -> None:
     values = list(range(1, 101))
     assert percentile(values, 50) == 50
     assert percentile(values, 99) == 99
@@ -175,7 +183,7 @@ phalanx_scheduling_cycle_duration_seconds_sum 1.1
 """
 
 
-def test_write_counts_are_deltas_per_kind_and_verb():
+def test_write_counts_are_deltas_per_kind_and_verb() -> None:
     total, by_verb, cycles = write_counts(METRICS_BEFORE, METRICS_AFTER)
     assert total == 152
     assert by_verb == {"Workload/admit": 102, "Event/create": 50}
@@ -196,6 +204,9 @@ def _result(**overrides: object) -> E2EResult:
         "cq_classes": {"cq": 60.0},
         "p50_time_to_admission_ms": 5,
         "p99_time_to_admission_ms": 9,
+        "avg_admission_from_create_ms": {"small": 3},
+        "p50_admission_from_create_ms": 3,
+        "p99_admission_from_create_ms": 6,
         "api_writes": 30,
         "api_writes_per_admission": 3.0,
         "api_writes_by_verb": {},
@@ -203,8 +214,13 @@ def _result(**overrides: object) -> E2EResult:
         "cycles": 5,
         "bench_cpu_s": 0.1,
         "control_plane_cpu_s": {},
+        "creation_lag_p50_ms": 1,
         "creation_lag_p99_ms": 1,
         "creation_lag_max_ms": 2,
+        "operator_rss_peak_mib": 120.5,
+        "operator_rss_end_mib": 100.25,
+        "operator_rss_samples": 4,
+        "operator_rss_max_gap_s": 0.5,
         "create_errors": 0,
         "finish_writes": 10,
         "invariant_problems": (),
@@ -215,7 +231,7 @@ def _result(**overrides: object) -> E2EResult:
     return E2EResult(**fields)  # type: ignore[arg-type]
 
 
-def test_e2e_problems_hold_phalanx_to_its_own_targets():
+def test_e2e_problems_hold_phalanx_to_its_own_targets() -> None:
     assert e2e_problems(_result()) == []
     problems = e2e_problems(
         _result(
