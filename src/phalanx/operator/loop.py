@@ -34,7 +34,7 @@ from phalanx.operator.config import OperatorConfig
 from phalanx.operator.finalizers import ClusterQueueFinalizers
 from phalanx.operator.informer import Backoff
 from phalanx.operator.jobsync import JobController
-from phalanx.operator.kube import KubeApi, Resource
+from phalanx.operator.kube import KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.oracle import TopologyOracle
 from phalanx.operator.state import ClusterState
@@ -53,19 +53,6 @@ _INADMISSIBLE = frozenset(
         PendingReason.NAMESPACE_MISMATCH,
         PendingReason.INACTIVE_WORKLOAD,
     }
-)
-_ADMIN_RESOURCES = (
-    (Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False), "ResourceFlavor"),
-    (Resource("kueue.x-k8s.io", "v1beta2", "topologies", namespaced=False), "Topology"),
-    (Resource("kueue.x-k8s.io", "v1beta2", "cohorts", namespaced=False), "Cohort"),
-    (Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", namespaced=False), "ClusterQueue"),
-    (Resource("kueue.x-k8s.io", "v1beta2", "localqueues"), "LocalQueue"),
-    (
-        Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False),
-        "WorkloadPriorityClass",
-    ),
-    (Resource("", "v1", "namespaces", namespaced=False), "Namespace"),
-    (Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False), "PriorityClass"),
 )
 
 
@@ -158,7 +145,6 @@ class SchedulingLoop:
     async def run(self) -> None:
         if self._wait_synced is not None:
             await self._wait_synced()
-        await self._prime_admin_kinds()
         first = self._sync()
         logger.info(
             "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
@@ -174,17 +160,6 @@ class SchedulingLoop:
             await asyncio.sleep(self.config.cycle_min_interval)
             self._sync()
             await self._cycle()
-
-    async def _prime_admin_kinds(self) -> None:
-        """Read the admin kinds once before the first cycle, so a restart never schedules
-        against a partial picture while kopf is still listing them (duplicates are dropped
-        by resourceVersion when kopf delivers them)."""
-        for resource, kind in _ADMIN_RESOURCES:
-            try:
-                for obj in await self.api.list_all(resource):
-                    self.state.apply(kind, None, obj)
-            except Exception as error:  # a missing CRD must not stop the operator
-                logger.warning("event=prime_failed kind=%s error=%r", kind, error)
 
     def _sync(self) -> Any:
         now = now_ms()
