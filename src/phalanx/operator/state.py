@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "ClusterState", "Delta", "key_of"]
+__all__ = ["KINDS", "ClusterState", "Delta", "key_of", "slim"]
 
 # Every kind the operator tracks, by the name used for its store.
 KINDS = (
@@ -41,6 +41,23 @@ def key_of(kind: str, obj: dict[str, Any]) -> str:
     if kind in _NAMESPACED:
         return f"{metadata.get('namespace')}/{metadata.get('name')}"
     return str(metadata.get("name"))
+
+
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop what no reader of the state needs and what costs the most memory per object:
+    server-side apply's ``managedFields`` (often larger than the spec) and kubectl's
+    last-applied copy of the whole object. At 50,000 Workloads this is most of the state.
+    Mutates ``obj`` (freshly decoded from the API, owned by the caller) and returns it."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+        annotations = metadata.get("annotations")
+        if isinstance(annotations, dict) and _LAST_APPLIED in annotations:
+            metadata["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
+    return obj
 
 
 @dataclass
@@ -79,6 +96,7 @@ class ClusterState:
                 # A relist, a duplicate, or the watch echo of a write whose response the
                 # operator already recorded: nothing new.
                 return
+            obj = slim(obj)
             store[key] = obj
             current = obj
         self._dirty[kind].add(key)
