@@ -13,18 +13,23 @@ help (quota freed in the cohort tree, a spec changed). ``wake_for`` wakes only w
 parked with a given hint (free capacity on a topology helps only workloads whose placement
 failed). Parking and waking cost O(classes),
 not O(workloads), which keeps deep queues cheap.
+
+``HeldWorkloads`` keeps the pending workloads that wait outside any ClusterQueue's queue
+(LocalQueue or ClusterQueue missing, namespace not selected, LocalQueue stopped), grouped by
+the LocalQueue they wait for, so that a queue change re-routes only the groups whose queues
+changed, not every held workload.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from phalanx.admission.decisions import Explanation, PendingReason
 from phalanx.admission.model import QueueingStrategy
 from phalanx.admission.records import Entry, Where
 
-__all__ = ["ClusterQueueQueue", "QueueClass"]
+__all__ = ["ClusterQueueQueue", "HeldGroup", "HeldWorkloads", "QueueClass"]
 
 
 class QueueClass:
@@ -226,3 +231,90 @@ class ClusterQueueQueue:
         """Drop empty classes (called rarely; classes are cheap to keep)."""
         for shape in [s for s, c in self._classes.items() if not c.heap and not c.parked]:
             del self._classes[shape]
+
+
+class HeldGroup:
+    """The held workloads that wait for one LocalQueue, and what their routes depended on."""
+
+    __slots__ = ("entries", "stale", "waits_for")
+
+    def __init__(self, waits_for: object) -> None:
+        self.entries: dict[str, Entry] = {}
+        # What routing read when it held them (the LocalQueue, its ClusterQueue, ...): while
+        # it is unchanged, routing them again would hold them again for the same reason.
+        self.waits_for = waits_for
+        # Something held here under other conditions than ``waits_for``, or by a caller
+        # that decided the reason itself: route the whole group again at the next chance.
+        self.stale = False
+
+
+class HeldWorkloads(dict[str, Entry]):
+    """The held pending workloads by key (readers see a plain dict), also grouped by the
+    LocalQueue key they wait for.
+
+    Change it only through ``hold``, ``release`` and ``take_changed``. A workload held for a
+    reason no queue can lift (it is inactive) is in no group: a queue change never touches
+    it. ``take_changed`` costs O(groups + workloads it returns), never O(held workloads).
+    """
+
+    __slots__ = ("_groups", "_loose")
+
+    def __init__(self, entries: Iterable[Entry] = ()) -> None:
+        super().__init__()
+        self._groups: dict[str, HeldGroup] = {}
+        self._loose: dict[str, Entry] = {}
+        for entry in entries:
+            # Held before there was an index: nothing is known of why, so re-check them.
+            self.hold(entry, entry.local_queue, None, recheck=True)
+
+    def hold(
+        self, entry: Entry, local_queue: str | None, waits_for: object, *, recheck: bool = False
+    ) -> None:
+        """Hold ``entry``; ``local_queue`` None means no queue change can release it."""
+        self.release(entry.key)
+        self[entry.key] = entry
+        if local_queue is None:
+            self._loose[entry.key] = entry
+            return
+        group = self._groups.get(local_queue)
+        if group is None:
+            group = self._groups[local_queue] = HeldGroup(waits_for)
+        elif group.waits_for != waits_for:
+            group.stale = True
+        if recheck:
+            group.stale = True
+        group.entries[entry.key] = entry
+
+    def release(self, key: str) -> Entry | None:
+        """Forget a held workload (no-op if not held)."""
+        entry = self.pop(key, None)
+        if entry is None:
+            return None
+        if self._loose.pop(key, None) is not None:
+            return entry
+        group = self._groups.get(entry.local_queue)
+        if group is not None and group.entries.pop(key, None) is not None and not group.entries:
+            del self._groups[entry.local_queue]
+        return entry
+
+    def take_changed(self, waits_for: Callable[[str], object]) -> list[Entry]:
+        """Release and return, in ``seq`` order, the workloads of every group whose
+        ``waits_for(local_queue)`` differs from when they were held (or that is stale)."""
+        changed = [
+            key
+            for key, group in self._groups.items()
+            if group.stale or waits_for(key) != group.waits_for
+        ]
+        taken: list[Entry] = []
+        for key in changed:
+            group = self._groups.pop(key)
+            for entry in group.entries.values():
+                if self.get(entry.key) is entry:
+                    del self[entry.key]
+                    taken.append(entry)
+        taken.sort(key=lambda e: e.seq)
+        return taken
+
+    def group_sizes(self) -> dict[str, int]:
+        """Held workloads per LocalQueue key (for tests and debugging)."""
+        return {key: len(group.entries) for key, group in self._groups.items()}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from phalanx.admission.decisions import Explanation, PendingReason
 from phalanx.admission.model import StopPolicy
+from phalanx.admission.queues import HeldWorkloads
 from phalanx.admission.records import Entry, Where
 from phalanx.admission.state import ClusterQueueState
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "explain",
+    "held",
     "hold",
     "inactive_text",
     "refresh_active",
@@ -35,11 +37,11 @@ def route(s: Scheduler, entry: Entry) -> None:
     """Put a PENDING workload where it belongs: its ClusterQueue's queue, or held."""
     workload = entry.workload
     if not workload.active:
-        hold(s, entry, PendingReason.INACTIVE_WORKLOAD, "the workload is deactivated")
+        _hold(s, entry, PendingReason.INACTIVE_WORKLOAD, "the workload is deactivated")
         return
     lq = s.local_queues.get(entry.local_queue)
     if lq is None:
-        hold(
+        _hold(
             s,
             entry,
             PendingReason.LOCAL_QUEUE_NOT_FOUND,
@@ -47,11 +49,11 @@ def route(s: Scheduler, entry: Entry) -> None:
         )
         return
     if lq.stop_policy != StopPolicy.NONE:
-        hold(s, entry, PendingReason.LOCAL_QUEUE_STOPPED, f"LocalQueue {lq.name} is stopped")
+        _hold(s, entry, PendingReason.LOCAL_QUEUE_STOPPED, f"LocalQueue {lq.name} is stopped")
         return
     state = s.queues.get(lq.cluster_queue)
     if state is None or state.terminating:
-        hold(
+        _hold(
             s,
             entry,
             PendingReason.CLUSTER_QUEUE_NOT_FOUND,
@@ -60,7 +62,7 @@ def route(s: Scheduler, entry: Entry) -> None:
         return
     selector = state.spec.namespace_selector
     if selector is None or not selector.matches(s.namespaces.get(workload.namespace, {})):
-        hold(
+        _hold(
             s,
             entry,
             PendingReason.NAMESPACE_MISMATCH,
@@ -80,7 +82,7 @@ def route(s: Scheduler, entry: Entry) -> None:
             f"requeued after eviction; retry at {entry.requeue_at}",
         )
         return
-    s.held.pop(entry.key, None)
+    held(s).release(entry.key)
     state.queue.push(entry)
     s.active.add(state.name)
     if not state.can_admit:
@@ -100,9 +102,50 @@ def retry_explanations(s: Scheduler, state: ClusterQueueState) -> None:
         s.untried.append(entry)
 
 
+def held(s: Scheduler) -> HeldWorkloads:
+    """The scheduler's held workloads, indexed by what they wait for (a plain dict found
+    there is indexed once, its workloads marked for a re-check)."""
+    found = s.held
+    if not isinstance(found, HeldWorkloads):
+        found = HeldWorkloads(sorted(found.values(), key=lambda e: e.seq))
+        s.held = found
+    return found
+
+
+def waits_for(s: Scheduler, local_queue: str) -> object:
+    """Everything ``route`` reads to hold a workload of ``local_queue`` other than the
+    workload and its namespace's labels (whose changes re-route their workloads directly):
+    while this is unchanged, a held workload of that LocalQueue stays held."""
+    lq = s.local_queues.get(local_queue)
+    if lq is None:
+        return None
+    state = s.queues.get(lq.cluster_queue)
+    if state is None:
+        return (lq, None)
+    # The state object itself: a ClusterQueue deleted and created again is a new one.
+    return (lq, state, state.terminating, state.spec.namespace_selector)
+
+
 def hold(s: Scheduler, entry: Entry, reason: PendingReason, message: str) -> None:
+    """Hold ``entry`` for a reason the caller decided: it is re-checked at the next
+    queue change."""
+    _hold(s, entry, reason, message, recheck=True)
+
+
+def _hold(
+    s: Scheduler,
+    entry: Entry,
+    reason: PendingReason,
+    message: str,
+    *,
+    recheck: bool = False,
+) -> None:
     entry.where = Where.HELD
-    s.held[entry.key] = entry
+    if reason == PendingReason.INACTIVE_WORKLOAD:
+        # No queue change can release it; only a new version of the workload can.
+        held(s).hold(entry, None, None)
+    else:
+        held(s).hold(entry, entry.local_queue, waits_for(s, entry.local_queue), recheck=recheck)
     explain(s, entry, reason, message)
 
 
@@ -122,13 +165,17 @@ def unqueue(s: Scheduler, entry: Entry) -> None:
     """Take a PENDING workload out of wherever it waits."""
     if entry.where == Where.QUEUED and entry.cluster_queue in s.queues:
         s.queues[entry.cluster_queue].queue.discard(entry)
-    s.held.pop(entry.key, None)
+    held(s).release(entry.key)
     entry.where = Where.NOWHERE
 
 
 def reroute_held(s: Scheduler) -> None:
-    for entry in sorted(s.held.values(), key=lambda e: e.seq):
-        s.held.pop(entry.key, None)
+    """A LocalQueue or ClusterQueue changed: route again, in ``seq`` order, the held
+    workloads whose LocalQueue or ClusterQueue is not what it was when they were held.
+
+    Costs O(LocalQueues with held workloads + workloads re-routed), not O(held workloads).
+    """
+    for entry in held(s).take_changed(lambda local_queue: waits_for(s, local_queue)):
         entry.where = Where.NOWHERE
         route(s, entry)
 
