@@ -54,11 +54,14 @@ class JobController:
             self.ready.set()
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
-        self._owner_of: dict[str, str] = {}  # workload key -> job key
+        # workload key -> job key, and back, for live Jobs only: a Job's deletion drops both.
+        self._owner_of: dict[str, str] = {}
+        self._workload_of: dict[str, str] = {}
         self._pods_of: dict[str, set[str]] = {}  # job key -> keys of its live pods
         self._job_of_pod: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._failures: dict[str, int] = {}  # job key -> consecutive failed reconciles
+        self._retries: dict[str, asyncio.TimerHandle] = {}  # job key -> pending retry
         state.subscribe(self._on_change)
 
     def start(self) -> None:
@@ -67,6 +70,9 @@ class JobController:
             self._tasks.append(loop.create_task(self._worker(), name=f"phalanx-jobs-{i}"))
 
     async def stop(self) -> None:
+        for handle in self._retries.values():
+            handle.cancel()
+        self._retries.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -81,14 +87,35 @@ class JobController:
             return
         if kind == "Job":
             if obj is not None:
-                self._owner_of[_workload_key(obj)] = key
+                self._own(key, _workload_key(obj))
+            else:
+                self._disown(key)
             self._enqueue(key)
         elif kind == "Workload":
+            # A deleted Workload whose Job lives keeps its entry: the Job must hear of the
+            # deletion (to create it again) and the next one has the same name.
             job_key = self._owner_of.get(key)
             if job_key is None and obj is not None:
                 job_key = _owner_job_key(obj)
             if job_key is not None:
                 self._enqueue(job_key)
+
+    def _own(self, job_key: str, workload_key: str) -> None:
+        old = self._workload_of.get(job_key)
+        if old is not None and old != workload_key and self._owner_of.get(old) == job_key:
+            del self._owner_of[old]
+        self._workload_of[job_key] = workload_key
+        self._owner_of[workload_key] = job_key
+
+    def _disown(self, job_key: str) -> None:
+        """The Job is gone: forget its Workload and its pending retry."""
+        workload_key = self._workload_of.pop(job_key, None)
+        if workload_key is not None and self._owner_of.get(workload_key) == job_key:
+            del self._owner_of[workload_key]
+        handle = self._retries.pop(job_key, None)
+        if handle is not None:
+            handle.cancel()
+        self._failures.pop(job_key, None)
 
     def _track_pod(self, key: str, obj: dict[str, Any] | None) -> None:
         """Index live pods by Job: an eviction is complete only when none is left."""
@@ -144,7 +171,17 @@ class JobController:
         webhook was away) must not wait for the Job to change before it is tried again."""
         failures = self._failures[key] = self._failures.get(key, 0) + 1
         delay = min(0.5 * 2 ** (failures - 1), 30.0)
-        asyncio.get_running_loop().call_later(delay, self._enqueue, key)
+        loop = asyncio.get_running_loop()
+        pending = self._retries.get(key)
+        if pending is not None:
+            if pending.when() <= loop.time() + delay:
+                return  # an earlier retry is already due
+            pending.cancel()
+        self._retries[key] = loop.call_later(delay, self._retry_now, key)
+
+    def _retry_now(self, key: str) -> None:
+        self._retries.pop(key, None)
+        self._enqueue(key)
 
     # -- what the scheduling loop asks ----------------------------------------------------------
 
