@@ -374,8 +374,12 @@ class JobBurst:
             time.sleep(3.0)
         return time.monotonic() - started
 
-    def verify(self, watch: InvariantWatch, *, settle: float = 30.0) -> dict[str, Any]:
-        """Every Job complete and admitted exactly once, no violation, no leak."""
+    def verify(
+        self, watch: InvariantWatch, *, settle: float = 30.0, trace: Path | None = None
+    ) -> dict[str, Any]:
+        """Every Job complete and admitted exactly once, no violation, no leak. On a failure
+        the checker's trace (every Workload version it applied, with its resourceVersion, and
+        every relist) is written to ``trace``, to hold a violation against what the API said."""
         jobs = self.job_list()
         incomplete = [j["metadata"]["name"] for j in jobs if not _job_complete(j)]
         history = watch.checker.history_by_key()
@@ -446,6 +450,9 @@ class JobBurst:
             f" {len(self.names) - len(not_once)} admitted exactly once,"
             f" {len(problems)} invariant problems"
         )
+        if failures and trace is not None:
+            trace.write_text("\n".join(watch.checker.trace_lines()) + "\n")
+            failures.append(f"the checker's trace: {trace}")
         assert not failures, summary + "\n" + "\n".join(failures)
         return report
 
@@ -490,6 +497,18 @@ class JobBurst:
         c.kubectl(
             "delete", "resourceflavor", f"{self.prefix}-gpu", "--ignore-not-found", "--wait=false"
         )
+
+
+def wait_admissions(watch: InvariantWatch, count: int, *, timeout: float = 180.0) -> int:
+    """Until the checker has seen ``count`` Workloads admitted (or ``timeout``); returns how
+    many it has seen. A fault timed by progress, not by the clock, lands mid-burst however
+    loaded the machine is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = sum(1 for h in watch.checker.history_by_key().values() if h.admissions)
+        if seen >= count or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.1)
 
 
 def _job_complete(job: dict[str, Any]) -> bool:

@@ -1,10 +1,13 @@
-"""The invariant checker, fed with hand-made watch events."""
+"""The invariant checker, fed with hand-made watch events and relists, and run on its own
+informers against a scripted API server (a watch gap and the relist after it)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
-from phalanx.operator.faults_invariants import InvariantChecker, admission_usage
+from phalanx.operator.faults_invariants import InvariantChecker, InvariantWatch, admission_usage
 
 
 def cq(
@@ -41,8 +44,15 @@ def wl(
     finished: bool = False,
     evicted: bool = False,
     job: str | None = None,
+    since: str = "2026-01-01T00:00:00Z",
+    rv: int = 1,
 ) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}"}
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "uid": uid or f"uid-{name}",
+        "resourceVersion": str(rv),
+    }
     if job:
         metadata["ownerReferences"] = [{"kind": "Job", "name": job, "uid": f"job-{job}"}]
     conditions = []
@@ -59,7 +69,13 @@ def wl(
                 }
             ],
         }
-    conditions.append({"type": "QuotaReserved", "status": "True" if reserved else "False"})
+    conditions.append(
+        {
+            "type": "QuotaReserved",
+            "status": "True" if reserved else "False",
+            "lastTransitionTime": since,
+        }
+    )
     if finished:
         conditions.append({"type": "Finished", "status": "True"})
     if evicted:
@@ -243,3 +259,242 @@ def test_a_workload_first_seen_finished_with_an_admission_counts_as_admitted_onc
     # A Workload that finished without ever holding an admission is not counted.
     c.on_workload("ADDED", wl("never", finished=True))
     assert c.history_by_key()["ns/never"].admissions == 0
+
+
+# -- watch gaps: a relist is one snapshot --------------------------------------------------------
+
+GPU = ("h100", "nvidia.com/gpu")
+
+
+def cohort_of_two() -> InvariantChecker:
+    """Two queues of 2 GPUs in one cohort: 4 GPUs in all."""
+    return checker_with(cq("a", gpus=2, cohort="co"), cq("b", gpus=2, cohort="co"))
+
+
+def test_a_relist_is_judged_as_one_state_not_item_by_item():
+    # Before the gap: w1 (a) and w9 (b) hold the whole cohort. In the gap w9 finished and w5
+    # was admitted in its place. The relist comes in name order: w1, w5, w9. Applied one
+    # item at a time, w5 would be counted beside the stale w9: 6 > 4, a state the API never
+    # had.
+    c = cohort_of_two()
+    c.on_workload("ADDED", wl("w1", cq_name="a", gpus=2, reserved=True, rv=10))
+    c.on_workload("ADDED", wl("w9", cq_name="b", gpus=2, reserved=True, rv=11))
+    c.on_workload_list(
+        [
+            wl("w1", cq_name="a", gpus=2, reserved=True, rv=10),
+            wl("w5", cq_name="b", gpus=2, reserved=True, rv=20),
+            wl("w9", cq_name="b", gpus=2, reserved=True, finished=True, rv=19),
+        ],
+        resource_version="21",
+    )
+    assert kinds(c) == []
+    assert c.reserved["a"][GPU] == 2 and c.reserved["b"][GPU] == 2
+    assert c.max_usage["b"][GPU] == 2
+    h = c.history_by_key()
+    assert (h["ns/w5"].admissions, h["ns/w9"].finished, h["ns/w9"].held) == (1, True, None)
+
+
+def test_a_workload_deleted_in_the_gap_frees_its_quota_before_the_relist_is_judged():
+    # The informer reports vanished objects as DELETED after the whole list: too late for the
+    # Workloads listed before. Its absence from the snapshot is the release.
+    c = cohort_of_two()
+    c.on_workload("ADDED", wl("w1", cq_name="a", gpus=2, reserved=True))
+    c.on_workload("ADDED", wl("w9", cq_name="b", gpus=2, reserved=True))
+    c.on_workload_list(
+        [
+            wl("w1", cq_name="a", gpus=2, reserved=True),
+            wl("w5", cq_name="b", gpus=2, reserved=True),
+        ],
+        resource_version="30",
+    )
+    assert kinds(c) == []
+    assert c.reserved["b"][GPU] == 2
+    assert c.history_by_key()["ns/w9"].held is None
+
+
+def test_a_workload_recreated_under_its_name_in_the_gap_is_a_new_workload():
+    # Same key, new uid: the informer calls it MODIFIED; the old uid's quota is free.
+    c = checker_with(cq("a", gpus=2))
+    c.on_workload("ADDED", wl("w", uid="old", cq_name="a", gpus=2, reserved=True))
+    c.on_workload_list([wl("w", uid="new", cq_name="a", gpus=2, reserved=True)])
+    assert kinds(c) == []
+    assert c.reserved["a"][GPU] == 2
+    assert c.workloads["old"].held is None
+
+
+def test_an_overshoot_in_the_listed_state_itself_is_still_reported():
+    c = cohort_of_two()
+    c.on_workload("ADDED", wl("w1", cq_name="a", gpus=2, reserved=True))
+    c.on_workload_list(
+        [
+            wl("w1", cq_name="a", gpus=2, reserved=True),
+            wl("w2", cq_name="b", gpus=2, reserved=True, rv=7),
+            wl("w3", cq_name="b", gpus=1, reserved=True, rv=8),
+        ],
+        resource_version="9",
+    )
+    assert kinds(c) == ["overshoot"]  # judged once, on the listed state
+    detail = c.snapshot()[0].detail
+    assert "cohort co" in detail and "reserved 5 > 4" in detail
+    assert "relist at resourceVersion 9" in detail and "w3@8=1" in detail
+
+
+def test_a_reservation_released_and_taken_again_in_the_gap_is_an_eviction_and_a_readmission():
+    c = checker_with(cq("a", gpus=2), cq("b", gpus=2))
+    c.on_workload("ADDED", wl("w", cq_name="a", gpus=2, reserved=True, since="T1"))
+    c.on_workload_list([wl("w", cq_name="b", gpus=2, reserved=True, since="T2")])
+    h = c.history_by_key()["ns/w"]
+    assert (h.admissions, h.evictions) == (2, 1)
+    assert kinds(c) == []
+    assert (c.reserved["a"][GPU], c.reserved["b"][GPU]) == (0, 2)
+
+
+def test_an_admission_changed_in_the_gap_without_a_new_reservation_is_a_double_admission():
+    c = checker_with(cq("a", gpus=2), cq("b", gpus=2))
+    c.on_workload("ADDED", wl("w", cq_name="a", gpus=2, reserved=True, since="T1"))
+    c.on_workload_list([wl("w", cq_name="b", gpus=2, reserved=True, since="T1")])
+    assert kinds(c) == ["double_admission"]
+
+
+def test_cluster_queues_and_cohorts_missing_from_a_relist_are_gone():
+    c = checker_with(cq("a", gpus=2), cq("b", gpus=2))
+    c.on_cohort("ADDED", {"metadata": {"name": "co"}, "spec": {}})
+    c.on_cluster_queue_list([cq("a", gpus=3)])
+    c.on_cohort_list([])
+    assert set(c.queues) == {"a"} and c.queues["a"].nominal[GPU] == 3
+    assert c.cohort_quota == {}
+
+
+# -- the same, end to end: the checker's own informers across an API-server restart ----------
+
+
+def _cq_obj(name: str) -> dict[str, Any]:
+    obj = cq(name, gpus=2, cohort="co")
+    obj["metadata"]["resourceVersion"] = "1"
+    return obj
+
+
+class _Response:
+    def __init__(self, status: int, body: bytes, lines: list[bytes] | None, hang: bool) -> None:
+        self.status = status
+        self.headers: dict[str, str] = {}
+        self._body = body
+        self._lines = lines
+        self._hang = hang
+        self.content = self
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def iter_any(self) -> Any:
+        for line in self._lines or ():
+            yield line + b"\n"
+        if self._hang:
+            await asyncio.Event().wait()
+
+    def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> _Response:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class ScriptedApiServer:
+    """Answers the informers' GETs from a script per resource: ``("list", items, rv)``,
+    ``("watch", events)`` (a stream that then ends, as when the API server goes away) or
+    ``("watch_gone",)`` (the restarted server no longer has that resourceVersion). When a
+    resource's script is exhausted, its watch stays open with nothing to say."""
+
+    def __init__(self, scripts: dict[str, list[tuple[Any, ...]]]) -> None:
+        self.scripts = scripts
+        self.requests: list[tuple[str, str]] = []
+        self.session = self
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+    def get(self, path: str, *, params: dict[str, str], **_: Any) -> _Response:
+        plural = path.rsplit("/", 1)[-1]
+        watching = params.get("watch") == "true"
+        self.requests.append((plural, "watch" if watching else "list"))
+        script = self.scripts.get(plural) or []
+        if not script:
+            if watching:
+                return _Response(200, b"", [], hang=True)
+            return _Response(200, json.dumps({"items": [], "metadata": {}}).encode(), None, False)
+        step = script.pop(0)
+        if step[0] == "list":
+            assert not watching, f"{plural}: expected a list, got a watch"
+            page = {"items": step[1], "metadata": {"resourceVersion": step[2]}}
+            return _Response(200, json.dumps(page).encode(), None, hang=False)
+        assert watching, f"{plural}: expected a watch, got a list"
+        if step[0] == "watch":
+            lines = [json.dumps({"type": t, "object": o}).encode() for t, o in step[1]]
+            return _Response(200, b"", lines, hang=False)
+        gone = {"kind": "Status", "code": 410, "message": "too old resource version"}
+        return _Response(200, b"", [json.dumps({"type": "ERROR", "object": gone}).encode()], False)
+
+
+def test_the_watch_gap_of_an_api_server_restart_does_not_leave_a_stale_view():
+    """What the fault suite's API-server restart does to the checker: its watch ends, the
+    restarted server answers 410, the informer lists again. Workloads admitted in the gap
+    come earlier in the list than ones that finished (w9) or were deleted (w8) in the gap; the
+    API never had more than 4 GPUs reserved in the cohort."""
+    server = ScriptedApiServer(
+        {
+            "clusterqueues": [("list", [_cq_obj("a"), _cq_obj("b")], "5")],
+            "workloads": [
+                ("list", [], "5"),
+                (
+                    "watch",
+                    [
+                        ("ADDED", wl("w1", cq_name="a", gpus=2, rv=6)),
+                        ("MODIFIED", wl("w1", cq_name="a", gpus=2, reserved=True, rv=7)),
+                        ("ADDED", wl("w8", cq_name="b", gpus=1, reserved=True, rv=8)),
+                        ("ADDED", wl("w9", cq_name="b", gpus=1, reserved=True, rv=9)),
+                    ],
+                ),
+                ("watch_gone",),
+                (
+                    "list",
+                    [
+                        wl("w1", cq_name="a", gpus=2, reserved=True, rv=7),
+                        wl("w2", cq_name="b", gpus=1, reserved=True, rv=12),
+                        wl("w3", cq_name="b", gpus=1, reserved=True, rv=13),
+                        wl("w9", cq_name="b", gpus=1, reserved=True, finished=True, rv=11),
+                    ],
+                    "14",
+                ),
+            ],
+        }
+    )
+    checker = InvariantChecker(clock=lambda: 0.0)
+    watch = InvariantWatch(lambda: server, checker=checker)  # type: ignore[arg-type,return-value]
+
+    async def run() -> None:
+        await watch.start()
+        for _ in range(200):
+            if ("workloads", "list") in server.requests[1:] and not server.scripts["workloads"]:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        await watch.stop()
+
+    asyncio.run(run())
+    assert [r for r in server.requests if r[0] == "workloads"] == [
+        ("workloads", "list"),
+        ("workloads", "watch"),
+        ("workloads", "watch"),
+        ("workloads", "list"),
+        ("workloads", "watch"),
+    ]
+    assert [str(v) for v in checker.snapshot()] == []
+    assert checker.reserved["a"][GPU] == 2 and checker.reserved["b"][GPU] == 2
+    h = checker.history_by_key()
+    assert h["ns/w8"].held is None and h["ns/w9"].finished
