@@ -4,6 +4,12 @@ The scheduling loop takes a snapshot from the core between cycles (the core is o
 there); a flusher task writes each queue whose status differs from what it last wrote, by
 server-side apply. Kueue writes queue status on every change; during a burst that is one
 write per admission per queue, which Phalanx avoids.
+
+A snapshot costs O(queues + workloads that changed), not O(workloads): each ClusterQueue's
+status is computed once, and the LocalQueue counts are kept by ``LocalQueueCounts`` from the
+workloads that changed since the last snapshot (Workload events, and the core's own moves
+in and out of admitted, claiming and evicting), with a full recount now and then as a
+safety net.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from phalanx.admission.records import Phase
-from phalanx.admission.scheduler import Scheduler
+from phalanx.admission.records import Entry, Phase
+from phalanx.admission.scheduler import ClusterQueueStatus, Scheduler
 from phalanx.operator import conditions as cond
 from phalanx.operator.kube import CLUSTER_QUEUES, LOCAL_QUEUES, ApiError, KubeApi, Resource
 from phalanx.operator.metrics import Metrics
@@ -26,11 +32,12 @@ from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import APPLY_PATCH, FIELD_MANAGER
 from phalanx.quotas.quantity import format_quantity
 
-__all__ = ["QueueStatus", "cluster_queue_status", "local_queue_counts"]
+__all__ = ["LocalQueueCounts", "QueueStatus", "cluster_queue_status", "local_queue_counts"]
 
 logger = logging.getLogger(__name__)
 
 Usage = Mapping[tuple[str, str], int]
+Flavors = list[tuple[str, list[str]]]
 
 
 def _flavor_list(
@@ -63,9 +70,16 @@ def _spec_flavors(cq: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
 
 
 def cluster_queue_status(
-    scheduler: Scheduler, cq: Mapping[str, Any], *, invalid: str | None = None
+    scheduler: Scheduler,
+    cq: Mapping[str, Any],
+    *,
+    invalid: str | None = None,
+    status: ClusterQueueStatus | None = None,
+    flavors: Flavors | None = None,
 ) -> dict[str, Any]:
-    """The status Phalanx owns on a ClusterQueue (without condition timestamps)."""
+    """The status Phalanx owns on a ClusterQueue (without condition timestamps); ``status``
+    and ``flavors``, when given, are the core's status and the spec's flavors, already
+    computed."""
     name = cq["metadata"]["name"]
     if invalid is not None or name not in scheduler.queues:
         return {
@@ -74,8 +88,9 @@ def cluster_queue_status(
             "reservingWorkloads": 0,
             "admittedWorkloads": 0,
         }
-    st = scheduler.cluster_queue_status(name)
-    flavors = _spec_flavors(cq)
+    st = status if status is not None else scheduler.cluster_queue_status(name)
+    if flavors is None:
+        flavors = _spec_flavors(cq)
     if st.active:
         active = ("True", "Ready", "Can admit new workloads")
     else:
@@ -92,22 +107,181 @@ def cluster_queue_status(
     }
 
 
+Contribution = tuple[str, int, int, int, dict[tuple[str, str], int] | None]
+"""What one workload adds to its LocalQueue's counts: (LocalQueue key, pending, reserving,
+admitted, usage)."""
+
+
+def _contribution(entry: Entry) -> Contribution:
+    if entry.phase == Phase.PENDING:
+        return (entry.local_queue, 1, 0, 0, None)
+    admitted = 1 if entry.phase in (Phase.ADMITTED, Phase.EVICTING) else 0
+    return (entry.local_queue, 0, 1, admitted, dict(entry.usage) if entry.usage else None)
+
+
 def local_queue_counts(scheduler: Scheduler) -> dict[str, dict[str, Any]]:
-    """Per LocalQueue key: pending / reserving / admitted counts and usage by flavor."""
+    """Per LocalQueue key: pending / reserving / admitted counts and usage by flavor, by a
+    scan of every workload (``LocalQueueCounts`` keeps the same numbers incrementally)."""
     out: dict[str, dict[str, Any]] = {}
     for entry in list(scheduler.entries.values()):
-        lq = out.setdefault(
-            entry.local_queue, {"pending": 0, "reserving": 0, "admitted": 0, "usage": {}}
-        )
-        if entry.phase == Phase.PENDING:
-            lq["pending"] += 1
-            continue
-        lq["reserving"] += 1
-        if entry.phase in (Phase.ADMITTED, Phase.EVICTING):
-            lq["admitted"] += 1
-        for fr, amount in entry.usage.items():
+        lq_key, pending, reserving, admitted, usage = _contribution(entry)
+        lq = out.setdefault(lq_key, {"pending": 0, "reserving": 0, "admitted": 0, "usage": {}})
+        lq["pending"] += pending
+        lq["reserving"] += reserving
+        lq["admitted"] += admitted
+        for fr, amount in (usage or {}).items():
             lq["usage"][fr] = lq["usage"].get(fr, 0) + amount
     return out
+
+
+class LocalQueueTotals:
+    """One LocalQueue's counts; ``version`` changes whenever they do."""
+
+    __slots__ = ("admitted", "pending", "reserving", "usage", "version")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.reserving = 0
+        self.admitted = 0
+        self.usage: dict[tuple[str, str], int] = {}
+        self.version = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "reserving": self.reserving,
+            "admitted": self.admitted,
+            "usage": dict(self.usage),
+        }
+
+
+class LocalQueueCounts:
+    """Per LocalQueue counts, kept up to date from the workloads that changed.
+
+    ``refresh`` (once per snapshot) re-examines only: the Workloads with a watch event since
+    the two previous refreshes (an event is absorbed by the core at the scheduling loop's
+    next sync, which may come after the refresh that first sees it), and the workloads the
+    core moved in or out of a ClusterQueue's admitted set, the claims or the evictions on
+    its own (found by set differences, only for ClusterQueues whose counts or usage moved).
+    Every ``recount_seconds``, and for a new scheduler, everything is counted again.
+
+    The keys of events no refresh has looked at are bounded by ``max_events``: beyond, they
+    are dropped for a recount (a standby replica's informers run, its loop does not).
+    """
+
+    def __init__(self, *, recount_seconds: float = 60.0, max_events: int = 100_000) -> None:
+        self.recount_seconds = recount_seconds
+        self.max_events = max_events
+        self._recounts_due = 0
+        self.totals: dict[str, LocalQueueTotals] = {}
+        self._scheduler: Scheduler | None = None
+        self._recounted_at = 0.0
+        self._version = 0
+        self._counted: dict[str, Contribution] = {}
+        self._events: set[str] = set()
+        self._events_before: set[str] = set()
+        self._queue_marks: dict[str, tuple[object, ...]] = {}
+        self._admitted: dict[str, set[str]] = {}
+        self._claims: set[str] = set()
+        self._evicting: set[str] = set()
+
+    def workload_changed(self, key: str) -> None:
+        """A Workload had a watch event (or the operator recorded its own write)."""
+        self._events.add(key)
+        if len(self._events) > self.max_events:
+            # Recount twice: once for what the core has, once more for what it had not yet.
+            self._events.clear()
+            self._events_before.clear()
+            self._recounts_due = 2
+
+    def get(self, local_queue: str) -> LocalQueueTotals | None:
+        return self.totals.get(local_queue)
+
+    def refresh(self, scheduler: Scheduler, *, now: float) -> None:
+        if (
+            self._recounts_due
+            or scheduler is not self._scheduler
+            or now - self._recounted_at >= self.recount_seconds
+        ):
+            self.recount(scheduler, now=now)
+            return
+        changed = self._events | self._events_before
+        self._events_before, self._events = self._events, set()
+        for name, state in scheduler.queues.items():
+            mark = (len(state.admitted), state.queue.pending, tuple(state.node.usage.items()))
+            if self._queue_marks.get(name) == mark:
+                continue
+            self._queue_marks[name] = mark
+            seen = self._admitted.setdefault(name, set())
+            moved = state.admitted.keys() ^ seen  # in C: no Python code per workload
+            seen ^= moved
+            changed |= moved
+        for name in [n for n in self._queue_marks if n not in scheduler.queues]:
+            del self._queue_marks[name]
+            changed |= self._admitted.pop(name, set())
+        for now_in, seen in (
+            (scheduler.claims, self._claims),
+            (scheduler.evicting, self._evicting),
+        ):
+            moved = now_in.keys() ^ seen
+            seen ^= moved
+            changed |= moved
+        for key in changed:
+            self._examine(scheduler, key)
+
+    def recount(self, scheduler: Scheduler, *, now: float) -> None:
+        """Count every workload again (a new scheduler, or the periodic safety net)."""
+        self._scheduler = scheduler
+        self._recounted_at = now
+        self._recounts_due = max(0, self._recounts_due - 1)
+        self.totals = {}
+        self._counted = {}
+        # Events since the last loop sync are not in the core yet: look at them again.
+        self._events_before, self._events = self._events, set()
+        for key, entry in scheduler.entries.items():
+            contribution = _contribution(entry)
+            self._counted[key] = contribution
+            self._add(contribution, 1)
+        self._queue_marks = {
+            name: (len(state.admitted), state.queue.pending, tuple(state.node.usage.items()))
+            for name, state in scheduler.queues.items()
+        }
+        self._admitted = {name: set(state.admitted) for name, state in scheduler.queues.items()}
+        self._claims = set(scheduler.claims)
+        self._evicting = set(scheduler.evicting)
+
+    def _examine(self, scheduler: Scheduler, key: str) -> None:
+        entry = scheduler.entries.get(key)
+        new = _contribution(entry) if entry is not None else None
+        old = self._counted.get(key)
+        if old == new:
+            return
+        if old is not None:
+            self._add(old, -1)
+        if new is None:
+            del self._counted[key]
+        else:
+            self._counted[key] = new
+            self._add(new, 1)
+
+    def _add(self, contribution: Contribution, sign: int) -> None:
+        lq_key, pending, reserving, admitted, usage = contribution
+        totals = self.totals.get(lq_key)
+        if totals is None:
+            totals = self.totals[lq_key] = LocalQueueTotals()
+        totals.pending += sign * pending
+        totals.reserving += sign * reserving
+        totals.admitted += sign * admitted
+        for fr, amount in (usage or {}).items():
+            total = totals.usage.get(fr, 0) + sign * amount
+            if total:
+                totals.usage[fr] = total
+            else:
+                totals.usage.pop(fr, None)
+        self._version += 1
+        totals.version = self._version
+        if not (totals.pending or totals.reserving or totals.admitted or totals.usage):
+            del self.totals[lq_key]
 
 
 class QueueStatus:
@@ -118,15 +292,25 @@ class QueueStatus:
         metrics: Metrics,
         *,
         interval: float = 1.0,
+        recount_seconds: float = 60.0,
     ) -> None:
         self.api = api
         self.state = state
         self.metrics = metrics
         self.interval = interval
+        self.counts = LocalQueueCounts(recount_seconds=recount_seconds)
         self._snapshot: dict[tuple[str, str], dict[str, Any]] = {}
         self._written: dict[tuple[str, str], dict[str, Any]] = {}
+        # LocalQueue key -> (what its status was built from, the status): rebuilt only when
+        # one of them changed, so an unchanged queue costs a comparison per snapshot.
+        self._local: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
         self._taken = 0.0
         self._task: asyncio.Task[None] | None = None
+        state.subscribe(self._on_change)
+
+    def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
+        if kind == "Workload":
+            self.counts.workload_changed(key)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="phalanx-qstatus")
@@ -145,66 +329,100 @@ class QueueStatus:
         if not force and now - self._taken < self.interval:
             return
         self._taken = now
+        cluster_queues = self.state.objects["ClusterQueue"]
         snapshot: dict[tuple[str, str], dict[str, Any]] = {}
         for kind, name in self._snapshot:
-            if kind == "ClusterQueue" and name not in self.state.objects["ClusterQueue"]:
+            if kind == "ClusterQueue" and name not in cluster_queues:
                 self.metrics.forget_queue(name)  # deleted: its series must not linger
                 self._written.pop((kind, name), None)
-        for name, cq in self.state.objects["ClusterQueue"].items():
-            status = cluster_queue_status(
-                scheduler, cq, invalid=invalid.get(f"ClusterQueue/{name}")
+        # Each ClusterQueue's status once, whatever the number of its LocalQueues.
+        statuses = {
+            name: scheduler.cluster_queue_status(name)
+            for name in cluster_queues
+            if name in scheduler.queues
+        }
+        flavors = {name: _spec_flavors(cq) for name, cq in cluster_queues.items()}
+        for name, cq in cluster_queues.items():
+            st = statuses.get(name)
+            snapshot[("ClusterQueue", name)] = cluster_queue_status(
+                scheduler,
+                cq,
+                invalid=invalid.get(f"ClusterQueue/{name}"),
+                status=st,
+                flavors=flavors[name],
             )
-            snapshot[("ClusterQueue", name)] = status
-            self._metrics(scheduler, name, cq, status)
-        counts = local_queue_counts(scheduler)
+            self._metrics(scheduler, name, cq, st, flavors[name])
+        self.counts.refresh(scheduler, now=now)
+        local: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
         for key, lq in self.state.objects["LocalQueue"].items():
-            snapshot[("LocalQueue", key)] = self._local_queue_status(scheduler, key, lq, counts)
+            cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
+            totals = self.counts.get(key)
+            st = statuses.get(cq_name)
+            built_from = (
+                lq,
+                cluster_queues.get(cq_name),
+                None if st is None else st.active,
+                None if totals is None else totals.version,
+            )
+            cached = self._local.get(key)
+            if cached is not None and cached[0] == built_from:
+                status = cached[1]
+            else:
+                status = self._local_queue_status(
+                    key, lq, cq_name, statuses, flavors.get(cq_name, []), totals
+                )
+            local[key] = (built_from, status)
+            snapshot[("LocalQueue", key)] = status
+        self._local = local
         self._snapshot = snapshot
 
     def _local_queue_status(
         self,
-        scheduler: Scheduler,
         key: str,
         lq: Mapping[str, Any],
-        counts: Mapping[str, Mapping[str, Any]],
+        cq_name: str,
+        statuses: Mapping[str, ClusterQueueStatus],
+        flavors: Flavors,
+        totals: LocalQueueTotals | None,
     ) -> dict[str, Any]:
-        cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
-        mine = counts.get(key, {"pending": 0, "reserving": 0, "admitted": 0, "usage": {}})
-        cq = self.state.get("ClusterQueue", cq_name)
-        if cq is None or cq_name not in scheduler.queues:
+        st = statuses.get(cq_name)
+        if st is None:
             active = (
                 "False",
                 "ClusterQueueDoesNotExist",
                 f"Can't submit new workloads to clusterQueue {cq_name}",
             )
-        elif not scheduler.cluster_queue_status(cq_name).active:
+        elif not st.active:
             active = ("False", "ClusterQueueIsInactive", f"ClusterQueue {cq_name} is inactive")
         elif ((lq.get("spec") or {}).get("stopPolicy") or "None") != "None":
             active = ("False", "Stopped", "LocalQueue is stopped")
         else:
             active = ("True", "Ready", "Can submit new workloads to localQueue")
-        flavors = _spec_flavors(cq) if cq is not None else []
-        usage = _flavor_list(mine["usage"], flavors=flavors, borrowed=None)
+        usage = _flavor_list(totals.usage if totals else {}, flavors=flavors, borrowed=None)
         return {
             "active": active,
-            "pendingWorkloads": mine["pending"],
-            "reservingWorkloads": mine["reserving"],
-            "admittedWorkloads": mine["admitted"],
+            "pendingWorkloads": totals.pending if totals else 0,
+            "reservingWorkloads": totals.reserving if totals else 0,
+            "admittedWorkloads": totals.admitted if totals else 0,
             "flavorsReservation": usage,
             "flavorsUsage": usage,
         }
 
     def _metrics(
-        self, scheduler: Scheduler, name: str, cq: Mapping[str, Any], status: Mapping[str, Any]
+        self,
+        scheduler: Scheduler,
+        name: str,
+        cq: Mapping[str, Any],
+        st: ClusterQueueStatus | None,
+        flavors: Flavors,
     ) -> None:
-        if name not in scheduler.queues:
+        if st is None or name not in scheduler.queues:
             self.metrics.forget_queue(name)
             return
-        st = scheduler.cluster_queue_status(name)
         cohort = (cq.get("spec") or {}).get("cohortName") or ""
         nominal = {
             (flavor, resource): float(scheduler.queues[name].node.nominal((flavor, resource)))
-            for flavor, resources in _spec_flavors(cq)
+            for flavor, resources in flavors
             for resource in resources
         }
         self.metrics.queue_state(
@@ -233,7 +451,8 @@ class QueueStatus:
 
     async def _write_changed(self) -> None:
         for (kind, key), status in list(self._snapshot.items()):
-            if self._written.get((kind, key)) == status:
+            last = self._written.get((kind, key))
+            if last is status or last == status:
                 continue
             try:
                 written = await self._write(kind, key, status)
