@@ -37,7 +37,7 @@ from phalanx.admission.model import PreemptionPolicy
 from phalanx.admission.preemption import Target, find_targets
 from phalanx.admission.records import Entry, Phase, Where
 from phalanx.admission.state import ClusterQueueState
-from phalanx.quotas.resources import FlavorResource, add_into
+from phalanx.quotas.resources import FlavorResource
 
 if TYPE_CHECKING:
     from phalanx.admission.scheduler import Scheduler
@@ -95,18 +95,27 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
     Nothing ran between the last victim's release and this step, so the victims' quota is
     still in the hold; if the preemptor does not fit anyway (it counted on free quota that a
     higher-ordered workload took meanwhile), it goes back to its queue and tries again."""
-    ready = sorted({id(e): e for e in s.ready_claims}.values(), key=lambda e: e.seq)
-    s.ready_claims = []
-    for entry in ready:
+    for entry in s.books.take_ready_claims():
         if entry.phase != Phase.CLAIMING or entry.victims_pending or entry.admission is None:
             continue
         state = s.queues.get(entry.cluster_queue or "")
         if state is None:
             continue
-        stopping.release_hold(s, entry)
-        usage = entry.admission.usage()
-        short = [fr for fr, amount in usage.items() if amount > state.node.available(fr)]
+        admission = entry.admission
+        topology: dict[str, object] = {}
+        if s.placement is not None and placing.needs_placement(s.placement, admission.pod_sets):
+            ok, topology, reason = placing.place_admission(
+                s.placement, entry.workload, admission, reserve=True
+            )
+            if not ok:
+                _back_to_queue(s, entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
+                continue
+        if topology:
+            entry.admission = placing.with_topology(admission, topology)
+        short = s.books.settle_claim(entry, state)
         if short:
+            if topology:
+                stopping.release_placement(s, entry)
             _back_to_queue(
                 s,
                 entry,
@@ -115,25 +124,9 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
                 " was taken meanwhile; trying again",
             )
             continue
-        topology: dict[str, object] = {}
-        if s.placement is not None and placing.needs_placement(
-            s.placement, entry.admission.pod_sets
-        ):
-            ok, topology, reason = placing.place_admission(
-                s.placement, entry.workload, entry.admission, reserve=True
-            )
-            if not ok:
-                _back_to_queue(s, entry, PendingReason.TOPOLOGY_PLACEMENT_FAILED, reason)
-                continue
-        s.claims.pop(entry.key, None)
-        entry.phase = Phase.ADMITTED
         entry.admitted_at = out.now
-        entry.usage = usage
-        s.tree.add_usage(state.node, usage)
-        if topology:
-            entry.admission = placing.with_topology(entry.admission, topology)
-        state.add_admitted(entry)
         _admitted_now(s, entry)
+        assert entry.admission is not None
         out.admitted.append(Admit(entry.key, entry.admission, out.now))
 
 
@@ -145,9 +138,7 @@ def _back_to_queue(s: Scheduler, entry: Entry, reason: PendingReason, message: s
 
 
 def _wake_dirty_trees(s: Scheduler) -> None:
-    roots = sorted(s.dirty_roots, key=lambda n: (n.name, n.is_cohort))
-    s.dirty_roots = set()
-    for root in roots:
+    for root in s.books.take_dirty_roots():
         for state in s.members(root):
             if state.queue.waiting and state.queue.wake():
                 s.active.add(state.name)
@@ -431,13 +422,10 @@ def _admit(
     out: _Out,
 ) -> None:
     state.queue.pop(entry)
-    entry.phase = Phase.ADMITTED
-    entry.usage = assignment.usage
-    s.tree.add_usage(state.node, entry.usage)
-    state.add_admitted(entry)
-    entry.admission = assignment.admission(state.name, topology)
+    s.books.admit(entry, state, assignment.admission(state.name, topology))
     entry.admitted_at = out.now
     _admitted_now(s, entry)
+    assert entry.admission is not None
     out.admitted.append(Admit(entry.key, entry.admission, out.now))
 
 
@@ -461,32 +449,8 @@ def _preempt(
     counts on beyond its own ClusterQueue's victims, and receives each victim's quota as
     that victim goes, so no one else takes it meanwhile."""
     state.queue.pop(entry)
-    entry.phase = Phase.CLAIMING
-    entry.usage = {}
-    entry.admission = assignment.admission(state.name)
-    victims = []
-    pending: set[str] = set()
-    entry.victims_pending = pending
-    from_own_queue: dict[FlavorResource, int] = {}
-    for victim, why in targets:
-        vstate = s.queues[victim.cluster_queue or ""]
-        if vstate is state:
-            add_into(from_own_queue, victim.usage)
-        vstate.remove_admitted(victim)  # no longer a preemption candidate
-        victim.phase = Phase.EVICTING
-        victim.claimed_by = entry.key
-        s.evicting[victim.key] = victim
-        pending.add(victim.key)
-        victims.append(Victim(victim.key, vstate.name, why))
-    hold = {}
-    for fr, amount in assignment.usage.items():
-        free = min(amount - from_own_queue.get(fr, 0), state.node.available(fr))
-        if free > 0:
-            hold[fr] = free
-    if hold:
-        s.tree.add_usage(state.node, hold)
-        entry.held = ((state.name, hold),)
-    s.claims[entry.key] = entry
+    s.books.claim(entry, state, assignment.admission(state.name), [v for v, _ in targets])
+    victims = [Victim(v.key, v.cluster_queue or "", why) for v, why in targets]
     routing.explain(
         s,
         entry,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from phalanx.admission import cycle, routing, stopping
+from phalanx.admission.cache import QuotaBooks
 from phalanx.admission.decisions import (
     CycleResult,
     Evict,
@@ -90,13 +91,13 @@ class Scheduler:
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.entries: dict[str, Entry] = {}
         self.held: dict[str, Entry] = {}
-        self.claims: dict[str, Entry] = {}
-        self.evicting: dict[str, Entry] = {}
-        self.orphans: dict[str, tuple[Workload, Admission]] = {}
+        self.books = QuotaBooks(self.tree, self.queues)
+        """Everything about who holds quota; the aliases below are read-only views."""
+        self.claims = self.books.claims
+        self.evicting = self.books.evicting
+        self.orphans = self.books.orphans
         self.backoff: list[tuple[int, int, Entry]] = []
         self.active: set[str] = set()
-        self.dirty_roots: set[QuotaNode] = set()
-        self.ready_claims: list[Entry] = []
         self.pending_evictions: list[Evict] = []
         self.fresh: dict[str, Explanation] = {}
         self.untried: list[Entry] = []
@@ -148,18 +149,15 @@ class Scheduler:
         self._structure_changed(old_root, node)
         routing.refresh_active(self, state)
         routing.reroute_held(self)
-        for key in [k for k, (_, adm) in self.orphans.items() if adm.cluster_queue == spec.name]:
-            workload, admission = self.orphans.pop(key)
+        for workload, admission in self.books.orphans_of(spec.name):
             self.restore_admitted(workload, admission)
 
     def delete_cluster_queue(self, name: str) -> None:
         state = self.queues.get(name)
         if state is None:
             return
-        claimers = sorted(
-            (e for e in self.claims.values() if e.cluster_queue == name), key=lambda e: e.seq
-        )
-        reserving = stopping.reserving(self, name)
+        claimers = self.books.claimers(name)
+        reserving = self.books.reserving(name)
         if reserving or claimers:
             # Kueue keeps a ClusterQueue (finalizer) until no workload holds its quota: the
             # admitted ones and the ones still being evicted.
@@ -281,7 +279,7 @@ class Scheduler:
         """The workload is gone (deleted, or finished): release whatever it holds."""
         # An orphan (restored admitted, its ClusterQueue missing) must not come back with
         # the ClusterQueue once it is gone.
-        self.orphans.pop(key, None)
+        self.books.forget_orphan(key)
         entry = self.entries.pop(key, None)
         if entry is None:
             return
@@ -329,7 +327,7 @@ class Scheduler:
         """After a restart: ``workload`` is already admitted; count it without a cycle."""
         state = self.queues.get(admission.cluster_queue)
         if state is None:
-            self.orphans[workload.key] = (workload, admission)
+            self.books.park_orphan(workload, admission)
             return
         old = self.entries.get(workload.key)
         if old is not None:
@@ -337,13 +335,8 @@ class Scheduler:
         self._seq += 1
         entry = Entry(workload, priority=self._priority_of(workload), seq=self._seq)
         self.entries[entry.key] = entry
-        entry.cluster_queue = state.name
-        entry.admission = admission
-        entry.usage = admission.usage()
-        entry.phase = Phase.ADMITTED
         entry.admitted_at = self.now
-        self.tree.add_usage(state.node, entry.usage)
-        state.add_admitted(entry)
+        self.books.admit(entry, state, admission)
 
     def capacity_changed(self) -> None:
         """Free capacity on flavors with a topology changed (nodes, or pods the placement
@@ -421,6 +414,11 @@ class Scheduler:
         if workload.priority_class is not None:
             return self.priority_classes.get(workload.priority_class, 0)
         return 0
+
+    @property
+    def dirty_roots(self) -> set[QuotaNode]:
+        """Roots whose parked workloads are woken at the next cycle (the books own it)."""
+        return self.books.dirty_roots
 
     def _structure_changed(self, old_root: QuotaNode | None, node: QuotaNode | None) -> None:
         self.members_cache.clear()

@@ -23,71 +23,25 @@ __all__ = [
     "local_queue_changed",
     "release_admitted",
     "release_claim",
-    "release_hold",
     "release_placement",
-    "reserving",
     "stop_policy_changed",
 ]
 
 
 def release_admitted(s: Scheduler, entry: Entry) -> None:
-    """An ADMITTED or EVICTING workload stops counting: free its quota and placement.
-
-    A preemption victim's quota is not freed but handed to its preemptor's hold, so that no
-    other workload takes it before the preemptor is admitted (``cycle`` step 2)."""
-    state = s.queues.get(entry.cluster_queue or "")
-    claimer = s.claims.get(entry.claimed_by or "")
-    waiting = claimer is not None and entry.key in claimer.victims_pending
-    if entry.usage and state is not None:
-        if claimer is not None and waiting:
-            claimer.held = (*claimer.held, (state.name, entry.usage))
-        else:
-            s.tree.remove_usage(state.node, entry.usage)
-            s.dirty_roots.add(state.node.root)
-    entry.usage = {}
-    if state is not None:
-        state.remove_admitted(entry)
-    s.evicting.pop(entry.key, None)
+    """An ADMITTED or EVICTING workload is gone from the API's reservation: the books stop
+    counting it (see ``QuotaBooks.release``), its placement is freed, and a ClusterQueue
+    deleted while it held quota there goes once nothing holds any."""
     release_placement(s, entry)
-    if claimer is not None and waiting:
-        claimer.victims_pending = claimer.victims_pending - {entry.key}
-        if not claimer.victims_pending:
-            s.ready_claims.append(claimer)
-    entry.claimed_by = None
-    entry.admission = None
-    if state is not None and state.terminating and not reserving(s, state.name):
+    s.books.release(entry)
+    state = s.queues.get(entry.cluster_queue or "")
+    if state is not None and state.terminating and not s.books.reserving(state.name):
         s.delete_cluster_queue(state.name)
-
-
-def reserving(s: Scheduler, cluster_queue: str) -> bool:
-    """Whether any workload still holds quota in ``cluster_queue`` in the API's eyes."""
-    state = s.queues.get(cluster_queue)
-    if state is not None and state.admitted:
-        return True
-    return any(e.cluster_queue == cluster_queue for e in s.evicting.values())
-
-
-def release_hold(s: Scheduler, entry: Entry) -> None:
-    """Give back what a preemptor holds in the quota tree for itself."""
-    for name, usage in entry.held:
-        state = s.queues.get(name)
-        if state is not None and usage:
-            s.tree.remove_usage(state.node, usage)
-            s.dirty_roots.add(state.node.root)
-    entry.held = ()
 
 
 def release_claim(s: Scheduler, entry: Entry) -> None:
     """A preemptor gives up its claim (deleted, stopped queue, deactivated)."""
-    release_hold(s, entry)
-    entry.usage = {}
-    entry.admission = None
-    s.claims.pop(entry.key, None)
-    for victim_key in entry.victims_pending:
-        victim = s.entries.get(victim_key)
-        if victim is not None and victim.claimed_by == entry.key:
-            victim.claimed_by = None
-    entry.victims_pending = frozenset()
+    s.books.release_claim(entry)
 
 
 def release_placement(s: Scheduler, entry: Entry) -> None:
@@ -100,10 +54,8 @@ def release_placement(s: Scheduler, entry: Entry) -> None:
 
 def evict(s: Scheduler, entry: Entry, reason: EvictionReason, message: str) -> None:
     """Ask the operator to evict an admitted workload; usage counts until it confirms."""
-    if entry.phase != Phase.ADMITTED:
+    if not s.books.evict(entry):
         return
-    entry.phase = Phase.EVICTING
-    s.evicting[entry.key] = entry
     s.pending_evictions.append(Evict(entry.key, reason, message, s.now))
 
 

@@ -180,6 +180,7 @@ def reserved_in_api(scheduler: Scheduler) -> ResourceTree:
 
 
 def check(scheduler: Scheduler, result: CycleResult) -> None:
+    assert scheduler.books.problems(scheduler.entries.values()) == []
     assert check_invariants(scheduler.tree) == []
     assert check_invariants(reserved_in_api(scheduler)) == []
     fresh = accounted_usage(scheduler)

@@ -146,3 +146,25 @@ def test_a_restored_orphan_that_is_deleted_does_not_come_back() -> None:
     cluster.scheduler.restore_admitted(kept, _admission("a", 3000))
     cluster.scheduler.apply_cluster_queue(spec)
     assert cluster.usage("a") == 3000
+
+
+def test_the_books_report_usage_that_no_workload_accounts_for() -> None:
+    """``QuotaBooks.problems`` is what the property tests rely on: it must see a leak."""
+    cluster = Cluster(
+        queues=[
+            MakeClusterQueue("a")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .obj()
+        ]
+    )
+    cluster.admit_all(wl("w", "a", "2"))
+    books = cluster.scheduler.books
+    assert books.problems(cluster.scheduler.entries.values()) == []
+    entry = cluster.scheduler.entries["default/w"]
+    entry.usage = {}  # the bug of old: a workload that stops counting while the API shows it
+    assert any("usage is not its admission's" in p for p in books.problems([entry]))
+    cluster.scheduler.tree.remove_usage(
+        cluster.scheduler.tree.cluster_queue("a"), {("default", "cpu"): 2000}
+    )
+    entry.usage = entry.admission.usage() if entry.admission else {}
+    assert any("tree" in p for p in books.problems([entry]))
