@@ -479,11 +479,11 @@ def test_the_watch_gap_of_an_api_server_restart_does_not_leave_a_stale_view():
 
     async def run() -> None:
         await watch.start()
-        for _ in range(200):
-            if ("workloads", "list") in server.requests[1:] and not server.scripts["workloads"]:
+        # Until the watch after the relist is open: the relist has been delivered.
+        for _ in range(500):
+            if sum(1 for r in server.requests if r[0] == "workloads") >= 5:
                 break
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
         await watch.stop()
 
     asyncio.run(run())
