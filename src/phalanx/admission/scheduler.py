@@ -90,6 +90,10 @@ class Scheduler:
         self.priority_classes: dict[str, int] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         self.entries: dict[str, Entry] = {}
+        # The same entries by LocalQueue key and by namespace: a queue or namespace change
+        # touches only its own workloads, not every workload the scheduler knows.
+        self.by_local_queue: dict[str, dict[str, Entry]] = {}
+        self.by_namespace: dict[str, dict[str, Entry]] = {}
         self.held: dict[str, Entry] = {}
         self.books = QuotaBooks(self.tree, self.queues)
         """Everything about who holds quota; the aliases below are read-only views."""
@@ -227,8 +231,8 @@ class Scheduler:
         key = f"{namespace}/{name}"
         if self.local_queues.pop(key, None) is None:
             return
-        for entry in list(self.entries.values()):
-            if entry.local_queue == key and entry.phase == Phase.PENDING:
+        for entry in self.entries_of_local_queue(key):
+            if entry.phase == Phase.PENDING:
                 routing.unqueue(self, entry)
                 routing.route(self, entry)
 
@@ -241,8 +245,8 @@ class Scheduler:
 
     def set_namespace(self, name: str, labels: Mapping[str, str]) -> None:
         self.namespaces[name] = dict(labels)
-        for entry in list(self.entries.values()):
-            if entry.workload.namespace == name and entry.phase == Phase.PENDING:
+        for entry in sorted(self.by_namespace.get(name, {}).values(), key=lambda e: e.seq):
+            if entry.phase == Phase.PENDING:
                 routing.unqueue(self, entry)
                 routing.route(self, entry)
 
@@ -258,7 +262,7 @@ class Scheduler:
         if entry is None:
             self._seq += 1
             entry = Entry(workload, priority=self._priority_of(workload), seq=self._seq)
-            self.entries[entry.key] = entry
+            self._put(entry)
             routing.route(self, entry)
             return
         if entry.phase == Phase.PENDING:
@@ -268,7 +272,8 @@ class Scheduler:
             fresh = Entry(workload, priority=self._priority_of(workload), seq=seq)
             fresh.order_time = max(order_time, workload.creation_time)
             fresh.requeue_at, fresh.requeue_count = requeue_at, count
-            self.entries[entry.key] = fresh
+            self._drop(entry)
+            self._put(fresh)
             routing.route(self, fresh)
             return
         entry.workload = workload
@@ -283,6 +288,7 @@ class Scheduler:
         entry = self.entries.pop(key, None)
         if entry is None:
             return
+        self._drop(entry)
         if entry.phase == Phase.PENDING:
             routing.unqueue(self, entry)
         elif entry.phase == Phase.CLAIMING:
@@ -334,7 +340,7 @@ class Scheduler:
             self.delete_workload(workload.key)
         self._seq += 1
         entry = Entry(workload, priority=self._priority_of(workload), seq=self._seq)
-        self.entries[entry.key] = entry
+        self._put(entry)
         entry.admitted_at = self.now
         self.books.admit(entry, state, admission)
 
@@ -407,6 +413,26 @@ class Scheduler:
         )
 
     # -- bookkeeping helpers (used by cycle.py too) -------------------------------------------
+
+    def entries_of_local_queue(self, key: str) -> list[Entry]:
+        """The workloads of LocalQueue ``key`` (namespace/name), in arrival order."""
+        return sorted(self.by_local_queue.get(key, {}).values(), key=lambda e: e.seq)
+
+    def _put(self, entry: Entry) -> None:
+        self.entries[entry.key] = entry
+        self.by_local_queue.setdefault(entry.local_queue, {})[entry.key] = entry
+        self.by_namespace.setdefault(entry.workload.namespace, {})[entry.key] = entry
+
+    def _drop(self, entry: Entry) -> None:
+        for index, name in (
+            (self.by_local_queue, entry.local_queue),
+            (self.by_namespace, entry.workload.namespace),
+        ):
+            group = index.get(name)
+            if group is not None and group.get(entry.key) is entry:
+                del group[entry.key]
+                if not group:
+                    del index[name]
 
     def _priority_of(self, workload: Workload) -> int:
         if workload.priority is not None:

@@ -90,9 +90,7 @@ def stop_policy_changed(s: Scheduler, state: ClusterQueueState) -> None:
 
 def local_queue_changed(s: Scheduler, lq: LocalQueue) -> None:
     stopped = lq.stop_policy != StopPolicy.NONE
-    for entry in sorted(s.entries.values(), key=lambda e: e.seq):
-        if entry.local_queue != lq.key:
-            continue
+    for entry in s.entries_of_local_queue(lq.key):
         if entry.phase == Phase.PENDING:
             routing.unqueue(s, entry)
             routing.route(s, entry)

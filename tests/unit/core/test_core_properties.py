@@ -181,6 +181,10 @@ def reserved_in_api(scheduler: Scheduler) -> ResourceTree:
 
 def check(scheduler: Scheduler, result: CycleResult) -> None:
     assert scheduler.books.problems(scheduler.entries.values()) == []
+    by_queue: dict[str, set[str]] = {}
+    for entry in scheduler.entries.values():
+        by_queue.setdefault(entry.local_queue, set()).add(entry.key)
+    assert {k: set(g) for k, g in scheduler.by_local_queue.items()} == by_queue
     assert check_invariants(scheduler.tree) == []
     assert check_invariants(reserved_in_api(scheduler)) == []
     fresh = accounted_usage(scheduler)

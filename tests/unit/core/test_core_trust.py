@@ -168,3 +168,35 @@ def test_the_books_report_usage_that_no_workload_accounts_for() -> None:
     )
     entry.usage = entry.admission.usage() if entry.admission else {}
     assert any("tree" in p for p in books.problems([entry]))
+
+
+class _NoScan(dict[str, object]):
+    """The scheduler's entries, refusing to be walked: a per-event scan of every workload
+    is what this catches."""
+
+    def values(self):  # type: ignore[no-untyped-def, override]
+        raise AssertionError("scanned every workload")
+
+    def items(self):  # type: ignore[no-untyped-def, override]
+        raise AssertionError("scanned every workload")
+
+    def __iter__(self):  # type: ignore[no-untyped-def, override]
+        raise AssertionError("scanned every workload")
+
+
+def test_a_namespace_or_local_queue_change_touches_only_its_own_workloads() -> None:
+    cluster = Cluster(
+        queues=[
+            MakeClusterQueue("a")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "1"))
+            .obj()
+        ]
+    )
+    cluster.submit(*(MakeWorkload(f"w{i}").queue("a").request("cpu", "2") for i in range(300)))
+    cluster.cycle()
+    scheduler = cluster.scheduler
+    scheduler.entries = _NoScan(scheduler.entries)  # type: ignore[assignment]
+    scheduler.set_namespace("elsewhere", {"team": "b"})
+    scheduler.delete_local_queue("elsewhere", "lq")
+    scheduler.set_namespace("default", {"team": "a"})
+    assert all(scheduler.phase(f"default/w{i}") == Phase.PENDING for i in range(300))
