@@ -9,23 +9,33 @@ assignment in the admission is the placement's ``PodSetPlacement`` (its
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Protocol
 
 from phalanx.admission.placement_hook import PlacementAnswer, PlacementDemand
 from phalanx.placement import (
-    FlavorTopologies,
+    FlavorTopology,
     GangRequest,
     PlacementResult,
     PodSetRequest,
     TopologyRequest,
 )
 
-__all__ = ["TopologyPlacement"]
+__all__ = ["TopologyLookup", "TopologyPlacement"]
+
+
+class TopologyLookup(Protocol):
+    """Where the placement trees live: ``phalanx.placement.FlavorTopologies`` (bench, tests)
+    or the operator's ``TopologyOracle`` (kept current from its informers)."""
+
+    def has_topology(self, flavor: str) -> bool: ...
+
+    def get(self, flavor: str) -> FlavorTopology | None: ...
 
 
 class TopologyPlacement:
-    """Adapts ``phalanx.placement.FlavorTopologies`` to admission's ``PlacementOracle``."""
+    """The one adapter from placement trees to admission's ``PlacementOracle``."""
 
-    def __init__(self, topologies: FlavorTopologies) -> None:
+    def __init__(self, topologies: TopologyLookup) -> None:
         self.topologies = topologies
 
     def has_topology(self, flavor: str) -> bool:

@@ -10,19 +10,16 @@ are carried over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from phalanx.admission.model import ResourceFlavor
-from phalanx.admission.placement_hook import PlacementAnswer, PlacementDemand
+from phalanx.admission.topology_adapter import TopologyPlacement
 from phalanx.api import convert
 from phalanx.placement import (
     FlavorTopology,
-    GangRequest,
     Node,
-    PodSetRequest,
     TopologyError,
-    TopologyRequest,
     decode_topology_assignment,
 )
 
@@ -34,8 +31,12 @@ WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
 PodRecord = tuple[str, dict[str, int], str | None]  # node, requests, gang key
 
 
-class TopologyOracle:
+class TopologyOracle(TopologyPlacement):
+    """The placement trees of the cluster's TAS flavors, fed by the operator; the admission
+    core places, reserves and releases through ``TopologyPlacement``, shared with the bench."""
+
     def __init__(self) -> None:
+        super().__init__(self)
         self.flavors: dict[str, FlavorTopology] = {}
         self.errors: dict[str, str] = {}
         """flavor -> why it has no placement tree (e.g. its Topology is missing or invalid)."""
@@ -131,51 +132,13 @@ class TopologyOracle:
             for tree in self.flavors.values():
                 tree.remove_pod(uid)
 
-    # -- PlacementOracle ------------------------------------------------------------------------
+    # -- TopologyLookup (what ``TopologyPlacement`` asks) -----------------------------------------
 
     def has_topology(self, flavor: str) -> bool:
         return flavor in self.flavors
 
-    def place(
-        self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
-    ) -> PlacementAnswer:
-        return self._answer(self.flavors[flavor].place(_gang(key, pod_sets)))
-
-    def place_without(
-        self,
-        *,
-        flavor: str,
-        key: str,
-        pod_sets: Sequence[PlacementDemand],
-        removed: Collection[str],
-    ) -> PlacementAnswer:
-        tree = self.flavors[flavor]
-        with tree.speculate():  # undoes the releases: a what-if for preemption
-            for victim in sorted(removed):
-                tree.release(victim)
-            return self._answer(tree.place(_gang(key, pod_sets)))
-
-    def reserve(
-        self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
-    ) -> PlacementAnswer:
-        tree = self.flavors[flavor]
-        if tree.is_reserved(key):
-            tree.release(key)
-        return self._answer(tree.reserve(_gang(key, pod_sets)))
-
-    def release(self, *, flavor: str, key: str) -> None:
-        tree = self.flavors.get(flavor)
-        if tree is not None:
-            tree.release(key)
-
-    @staticmethod
-    def _answer(result: Any) -> PlacementAnswer:
-        if result.placement is not None:
-            return PlacementAnswer(
-                ok=True, assignments={ps.name: ps for ps in result.placement.pod_sets}
-            )
-        failure = result.failure
-        return PlacementAnswer(ok=False, reason=failure.message if failure else "no placement")
+    def get(self, flavor: str) -> FlavorTopology | None:
+        return self.flavors.get(flavor)
 
     # -- restart ----------------------------------------------------------------------------------
 
@@ -201,20 +164,3 @@ class TopologyOracle:
             logger.warning(
                 "event=restore_failed flavor=%s key=%s error=%r", flavor, key, str(error)
             )
-
-
-def _gang(key: str, pod_sets: Sequence[PlacementDemand]) -> GangRequest:
-    return GangRequest(
-        key=key,
-        pod_sets=tuple(
-            PodSetRequest(
-                name=ps.name,
-                count=ps.count,
-                requests=ps.requests,
-                topology=ps.topology or TopologyRequest(),
-                tolerations=ps.tolerations,
-                node_selector=ps.node_selector,
-            )
-            for ps in pod_sets
-        ),
-    )
