@@ -298,10 +298,10 @@ class JobController:
                 job["metadata"]["name"],
                 str(error),
             )
-            raise RetryLater(str(error)) from error
             await self.writer.event(
                 job, reason="CreatedWorkloadFailed", message=str(error), warning=True
             )
+            raise RetryLater(str(error)) from error
 
     async def _start_job(
         self, job: dict[str, Any], workload: dict[str, Any], admission: dict[str, Any]

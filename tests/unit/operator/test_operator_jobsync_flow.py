@@ -1,0 +1,219 @@
+"""The Job controller's whole life of a queued Job, driven by a scripted API.
+
+The scripted API keeps Jobs and Workloads, applies JSON patches as the API server does
+(``jsonpatch``, including ``test`` operations) and can fail a call in the ways a connection
+does. Each test reconciles step by step and looks at what the API holds; no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from typing import Any
+
+import aiohttp
+import jsonpatch
+
+from phalanx.operator.jobsync import JobController, RetryLater
+from phalanx.operator.kube import ApiError, Resource
+from phalanx.operator.metrics import Metrics
+from phalanx.operator.state import ClusterState
+from phalanx.operator.writer import StatusWriter
+
+NS = "ns"
+
+
+class ScriptedApi:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.version = 0
+        self.fail_next: list[BaseException] = []
+        self.creates = 0
+
+    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(obj)
+
+    def _fault(self) -> None:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+
+    async def create(
+        self, resource: Resource, body: dict[str, Any], *, namespace: str | None = None
+    ) -> dict[str, Any]:
+        self._fault()
+        key = (resource.plural, f"{namespace}/{body['metadata']['name']}")
+        if key in self.objects:
+            raise ApiError(409, {"reason": "AlreadyExists"}, method="POST", path=key[1])
+        self.creates += 1
+        obj = copy.deepcopy(body)
+        obj["metadata"].setdefault("uid", f"uid-{body['metadata']['name']}")
+        obj["metadata"]["namespace"] = namespace
+        self.objects[key] = obj
+        return self._bump(obj)
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        content_type: str = "",
+    ) -> dict[str, Any]:
+        self._fault()
+        key = (resource.plural, f"{namespace}/{name}")
+        current = self.objects[key]
+        if isinstance(patch, list):
+            try:
+                updated = jsonpatch.apply_patch(current, patch)
+            except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as error:
+                raise ApiError(422, {"message": str(error)}, method="PATCH", path=name) from None
+        else:
+            updated = copy.deepcopy(current)
+            for field, value in patch.items():
+                for k, v in value.items():
+                    if v is None:
+                        updated.setdefault(field, {}).pop(k, None)
+                    else:
+                        updated.setdefault(field, {})[k] = v
+        self.objects[key] = updated
+        return self._bump(updated)
+
+    def job(self) -> dict[str, Any]:
+        return self.objects[("jobs", f"{NS}/train")]
+
+    def workload(self) -> dict[str, Any]:
+        (found,) = [o for (kind, _), o in self.objects.items() if kind == "workloads"]
+        return found
+
+
+def a_job() -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "train",
+            "namespace": NS,
+            "uid": "job-uid-1",
+            "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+        },
+        "spec": {
+            "suspend": True,
+            "parallelism": 2,
+            "completions": 2,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}
+                    ]
+                }
+            },
+        },
+    }
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.api = ScriptedApi()
+        self.state = ClusterState()
+        writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
+        self.jobs = JobController(self.api, self.state, writer, Metrics())  # type: ignore[arg-type]
+        job = a_job()
+        self.api.objects[("jobs", f"{NS}/train")] = job
+        self.state.apply("Job", "ADDED", self.api._bump(job))
+        self.state.apply(
+            "ResourceFlavor",
+            None,
+            {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"gpu": "h100"}}},
+        )
+
+    async def reconcile(self) -> None:
+        await self.jobs.reconcile(f"{NS}/train")
+
+    def admit(self) -> None:
+        """What the scheduling loop's admission write leaves in the API and the state."""
+        wl = self.api.workload()
+        wl["status"] = {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted"},
+            ],
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {"name": "main", "count": 2, "flavors": {"nvidia.com/gpu": "h100"}}
+                ],
+            },
+        }
+        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
+
+    def evict(self) -> None:
+        wl = self.api.workload()
+        wl["status"]["conditions"].append(
+            {"type": "Evicted", "status": "True", "reason": "Preempted"}
+        )
+        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
+
+
+def test_a_queued_job_gets_a_workload_starts_on_admission_and_stops_on_eviction() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        wl = h.api.workload()
+        assert wl["spec"]["queueName"] == "lq"
+        assert h.api.job()["spec"]["suspend"] is True
+        await h.reconcile()  # nothing to do until admitted
+        assert h.api.creates == 1
+        h.admit()
+        await h.reconcile()
+        job = h.api.job()
+        assert job["spec"]["suspend"] is False
+        assert job["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h100"}
+        h.evict()
+        await h.reconcile()
+        assert h.api.job()["spec"]["suspend"] is True
+        await h.reconcile()
+        restored = h.api.job()["spec"]["template"]["spec"]
+        assert not restored.get("nodeSelector"), "the admission's node labels stayed on the Job"
+
+    asyncio.run(main())
+
+
+def test_a_workload_create_whose_answer_was_lost_is_not_created_twice() -> None:
+    async def main() -> None:
+        h = Harness()
+
+        async def create_then_reset(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            await ScriptedApi.create(h.api, *args, **kwargs)
+            raise aiohttp.ServerDisconnectedError()
+
+        h.api.create = create_then_reset  # type: ignore[method-assign]
+        with contextlib.suppress(aiohttp.ClientError):  # the worker retries the Job later
+            await h.reconcile()
+        del h.api.create  # the normal scripted create again
+        await h.reconcile()  # the retry meets AlreadyExists: waits for the watch event
+        assert h.api.creates == 1
+
+    asyncio.run(main())
+
+
+def test_a_failed_job_patch_is_retried_later_not_lost() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        h.admit()
+        h.api.fail_next.append(ApiError(500, {"reason": "InternalError"}, method="P", path="/"))
+        raised = False
+        try:
+            await h.reconcile()
+        except RetryLater:
+            raised = True
+        assert raised and h.api.job()["spec"]["suspend"] is True
+        await h.reconcile()
+        assert h.api.job()["spec"]["suspend"] is False
+
+    asyncio.run(main())
