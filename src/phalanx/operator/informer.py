@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from phalanx.operator.kube import ApiError, KubeApi, Resource, loads
+from phalanx.operator.retry import Backoff
 
 __all__ = [
     "Backoff",
@@ -51,21 +52,6 @@ class WatchGone(Exception):
 
 class WatchStreamError(Exception):
     """The server reported an error inside the watch stream (other than 410)."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff, capped; a server's ``Retry-After`` wins when it asks for longer."""
-
-    initial: float = 0.5
-    factor: float = 2.0
-    maximum: float = 30.0
-
-    def delay(self, attempt: int, *, retry_after: float | None = None) -> float:
-        computed = min(self.maximum, self.initial * self.factor ** max(0, attempt))
-        if retry_after is not None:
-            return max(computed, min(retry_after, self.maximum))
-        return computed
 
 
 @dataclass

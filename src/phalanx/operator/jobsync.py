@@ -14,22 +14,26 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
-
 from phalanx.operator import conditions as cond
 from phalanx.operator import jobs
 from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter, owned_conditions
 
 __all__ = ["JobController"]
+
+_BACKOFF = Backoff()
 
 logger = logging.getLogger(__name__)
 
 
 class RetryLater(Exception):
     """A reconcile's write failed (logged where it failed); the Job is tried again later."""
+
+
+_RETRIED: tuple[type[BaseException], ...] = (RetryLater, *TRANSIENT_ERRORS)
 
 
 class JobController:
@@ -154,7 +158,7 @@ class JobController:
                 await self.reconcile(key)
             except asyncio.CancelledError:
                 raise
-            except (RetryLater, aiohttp.ClientError, OSError, TimeoutError) as error:
+            except _RETRIED as error:
                 # Logged where it failed, or the API server is unreachable: no traceback.
                 if not isinstance(error, RetryLater):
                     logger.warning("event=job_reconcile_failed job=%s error=%r", key, error)
@@ -170,7 +174,7 @@ class JobController:
         30 s), as a rate-limited workqueue does: a write that failed (the API server or the
         webhook was away) must not wait for the Job to change before it is tried again."""
         failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = min(0.5 * 2 ** (failures - 1), 30.0)
+        delay = _BACKOFF.delay(failures - 1)
         loop = asyncio.get_running_loop()
         pending = self._retries.get(key)
         if pending is not None:

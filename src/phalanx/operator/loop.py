@@ -32,11 +32,11 @@ from phalanx.operator import conditions as cond
 from phalanx.operator.bridge import CoreBridge
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.finalizers import ClusterQueueFinalizers
-from phalanx.operator.informer import Backoff
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.oracle import TopologyOracle
+from phalanx.operator.retry import Backoff
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusFn, StatusWriter, WriteOutcome, owned_conditions
 

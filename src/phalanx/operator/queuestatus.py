@@ -21,13 +21,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from phalanx.admission.records import Entry, Phase
 from phalanx.admission.scheduler import ClusterQueueStatus, Scheduler
 from phalanx.operator import conditions as cond
 from phalanx.operator.kube import CLUSTER_QUEUES, LOCAL_QUEUES, ApiError, KubeApi, Resource
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import APPLY_PATCH, FIELD_MANAGER
 from phalanx.quotas.quantity import format_quantity
@@ -456,7 +455,7 @@ class QueueStatus:
                 continue
             try:
                 written = await self._write(kind, key, status)
-            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            except TRANSIENT_ERRORS as error:
                 # The API server is unreachable: stop this pass, the next one retries.
                 self.metrics.api_write(kind, "status", ok=False)
                 logger.warning(

@@ -17,11 +17,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
-
 from phalanx.operator.jobs import PODSET_LABEL, TOPOLOGY_GATE, WORKLOAD_ANNOTATION
 from phalanx.operator.kube import JSON_PATCH, PODS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
 from phalanx.operator.state import ClusterState
 from phalanx.placement import decode_topology_assignment
 
@@ -77,7 +76,7 @@ class _Outcome(enum.Enum):
 
 # Errors of the transport rather than of the request: the API server was not reached or did
 # not answer in time. aiohttp raises TimeoutError (asyncio's) for a ClientTimeout.
-_TRANSIENT = (aiohttp.ClientError, OSError, TimeoutError)
+_TRANSIENT = TRANSIENT_ERRORS
 
 
 class GateRemover:
@@ -197,7 +196,7 @@ class GateRemover:
 
     def retry_delay(self, failures: int) -> float:
         """Seconds before the next look at a workload after ``failures`` failed passes."""
-        return float(min(self.retry_max, self.retry_base * 2.0 ** (failures - 1)))
+        return Backoff(initial=self.retry_base, maximum=self.retry_max).delay(failures - 1)
 
     def _retry_due(self, wl_key: str) -> None:
         self._retries.pop(wl_key, None)

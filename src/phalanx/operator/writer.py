@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx.operator import conditions as cond
-from phalanx.operator.informer import Backoff
 from phalanx.operator.kube import (
     EVENTS,
     TRANSIENT_ERRORS,
@@ -32,6 +31,7 @@ from phalanx.operator.kube import (
     outcome_unknown,
 )
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.retry import Backoff
 from phalanx.operator.state import ClusterState
 
 __all__ = ["FIELD_MANAGER", "StatusWriter", "WriteOutcome"]
