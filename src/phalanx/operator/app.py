@@ -96,7 +96,11 @@ def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
             raise kopf.PermanentError(str(error)) from error
 
     if op.config.webhook.enabled:
-        register_webhooks(registry, validator=op.validate_object)
+        register_webhooks(
+            registry,
+            validator=op.validate_object,
+            persistent=op.config.webhook.service is not None,
+        )
     return registry
 
 

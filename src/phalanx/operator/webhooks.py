@@ -93,8 +93,17 @@ def webhook_server(config: WebhookConfig) -> PhalanxWebhookServer:
     )
 
 
-def register_webhooks(registry: kopf.OperatorRegistry, *, validator: Validator) -> None:
-    """Add the mutating Job webhook and the validating webhooks to a kopf registry."""
+def register_webhooks(
+    registry: kopf.OperatorRegistry, *, validator: Validator, persistent: bool = False
+) -> None:
+    """Add the mutating Job webhook and the validating webhooks to a kopf registry.
+
+    ``persistent``: keep them in the webhook configuration when this process exits cleanly.
+    Behind a Service (in a cluster) that is what must happen: kopf otherwise removes them on
+    every clean exit, and after a rolling update (the last step is an old replica exiting) the
+    cluster would run without them, creating queued Jobs unsuspended. A process serving on
+    its own loopback URL (the local control plane) must not leave them pointing at itself.
+    """
 
     @kopf.on.mutate(
         "batch",
@@ -103,6 +112,7 @@ def register_webhooks(registry: kopf.OperatorRegistry, *, validator: Validator) 
         id="suspend-queued-jobs",
         operations=["CREATE"],
         labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
         registry=registry,
     )
     async def suspend_job(patch: kopf.Patch, **_: Any) -> None:
@@ -110,11 +120,18 @@ def register_webhooks(registry: kopf.OperatorRegistry, *, validator: Validator) 
         patch.setdefault("spec", {})["suspend"] = True
 
     for plural, kind in KUEUE_KINDS:
-        _register_validation(registry, plural=plural, kind=kind, validator=validator)
+        _register_validation(
+            registry, plural=plural, kind=kind, validator=validator, persistent=persistent
+        )
 
 
 def _register_validation(
-    registry: kopf.OperatorRegistry, *, plural: str, kind: str, validator: Validator
+    registry: kopf.OperatorRegistry,
+    *,
+    plural: str,
+    kind: str,
+    validator: Validator,
+    persistent: bool,
 ) -> None:
     async def validate(body: kopf.Body, **_: Any) -> None:
         obj = dict(body)
@@ -130,5 +147,6 @@ def _register_validation(
         plural,
         id=f"validate-{plural}",
         operations=["CREATE", "UPDATE"],
+        persistent=persistent,
         registry=registry,
     )(validate)
