@@ -21,7 +21,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from phalanx.admission.decisions import Admit, CycleResult, PendingReason
@@ -31,6 +30,12 @@ from phalanx.api import convert
 from phalanx.operator import conditions as cond
 from phalanx.operator.bridge import CoreBridge
 from phalanx.operator.config import OperatorConfig
+from phalanx.operator.decision_status import (
+    Eviction,
+    admission_status,
+    evicted_status,
+    eviction_done_status,
+)
 from phalanx.operator.finalizers import ClusterQueueFinalizers
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi
@@ -38,9 +43,9 @@ from phalanx.operator.metrics import Metrics
 from phalanx.operator.oracle import TopologyOracle
 from phalanx.operator.retry import Backoff
 from phalanx.operator.state import ClusterState
-from phalanx.operator.writer import StatusFn, StatusWriter, WriteOutcome, owned_conditions
+from phalanx.operator.writer import StatusFn, StatusWriter, WriteOutcome
 
-__all__ = ["Eviction", "SchedulingLoop"]
+__all__ = ["SchedulingLoop"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,24 +63,6 @@ _INADMISSIBLE = frozenset(
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass
-class Eviction:
-    """An eviction in progress: the Workload holds its quota until its pods are gone."""
-
-    reason: str
-    message: str
-    cluster_queue: str
-    preemption_reason: str | None = None
-    backoff: bool = False
-    written: bool = False
-    released_at: int = 0
-    """When the pods were gone; the core releases the quota as of then, once the API shows
-    the eviction done (never before: the API must not show a preemptor and its victim both
-    reserving)."""
-    requeue: tuple[int, int] | None = None
-    """With backoff: the (count, requeueAt ms) written as requeueState, as the core will apply."""
 
 
 class SchedulingLoop:
@@ -292,7 +279,7 @@ class SchedulingLoop:
     async def _write_admission(self, admit: Admit) -> None:
         key = admit.workload
         try:
-            outcome = await self._settled_write(key, self._admission_status(admit), verb="admit")
+            outcome = await self._settled_write(key, admission_status(admit), verb="admit")
         finally:
             self.bridge.in_flight_admissions.discard(key)
         if not outcome.ok:
@@ -319,28 +306,6 @@ class SchedulingLoop:
                 message=f"Admitted by ClusterQueue {admit.admission.cluster_queue}, "
                 f"wait time since creation {wait:.0f}s",
             )
-
-    @staticmethod
-    def _admission_status(admit: Admit) -> StatusFn:
-        admission = convert.admission_to_status(admit.admission)
-        now = admit.time
-
-        def build(current: dict[str, Any]) -> dict[str, Any] | None:
-            status = current.get("status") or {}
-            if status.get("admission") == admission and cond.is_true(
-                status.get("conditions"), cond.QUOTA_RESERVED
-            ):
-                return None  # already there (an earlier write whose answer was lost)
-            return {
-                "conditions": cond.admitted(
-                    owned_conditions(current),
-                    cluster_queue=admit.admission.cluster_queue,
-                    now_ms=now,
-                ),
-                "admission": admission,
-            }
-
-        return build
 
     async def _settled_write(self, key: str, build: StatusFn, *, verb: str) -> WriteOutcome:
         """``writer.apply_status`` until its outcome is known: a write that may have landed
@@ -373,28 +338,7 @@ class SchedulingLoop:
     async def _write_eviction(self, key: str, eviction: Eviction) -> None:
         now = now_ms()
 
-        def build(current: dict[str, Any]) -> dict[str, Any] | None:
-            evicted = cond.condition((current.get("status") or {}).get("conditions"), cond.EVICTED)
-            if (
-                evicted is not None
-                and evicted.get("status") == "True"
-                and evicted.get("reason") == eviction.reason
-            ):
-                return None  # already there
-            status: dict[str, Any] = {
-                "conditions": cond.evicted(
-                    owned_conditions(current),
-                    reason=eviction.reason,
-                    message=eviction.message,
-                    now_ms=now,
-                    preemption_reason=eviction.preemption_reason,
-                )
-            }
-            admission = (current.get("status") or {}).get("admission")
-            if admission:
-                status["admission"] = admission
-            return status
-
+        build = evicted_status(eviction, now_ms=now)
         attempt = 0
         while True:
             outcome = await self._settled_write(key, build, verb="evict")
@@ -452,25 +396,7 @@ class SchedulingLoop:
         now = eviction.released_at
         requeue = eviction.requeue
 
-        def build(current: dict[str, Any]) -> dict[str, Any] | None:
-            status = current.get("status") or {}
-            if not status.get("admission") and not cond.is_true(
-                status.get("conditions"), cond.QUOTA_RESERVED
-            ):
-                return None  # someone else (Kueue's runner) already did it
-            out: dict[str, Any] = {
-                "conditions": cond.eviction_done(
-                    owned_conditions(current), reason=eviction.reason, now_ms=now
-                ),
-                "admission": None,
-            }
-            if requeue is not None:
-                out["requeueState"] = {
-                    "count": requeue[0],
-                    "requeueAt": cond.rfc3339(requeue[1]),
-                }
-            return out
-
+        build = eviction_done_status(eviction, now_ms=now, requeue=requeue)
         try:
             outcome = await self._settled_write(key, build, verb="requeue")
         except BaseException:

@@ -14,7 +14,8 @@ from typing import Any
 from phalanx.admission.decisions import Admit
 from phalanx.admission.model import Admission, PodSetAssignment
 from phalanx.operator.config import OperatorConfig
-from phalanx.operator.loop import Eviction, SchedulingLoop
+from phalanx.operator.decision_status import Eviction
+from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusFn, StatusWriter, WriteOutcome

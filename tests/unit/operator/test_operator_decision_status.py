@@ -1,0 +1,61 @@
+"""Each decision's status builder recognises a Workload that already shows the decision
+(what a read-back after a lost answer finds) and writes nothing then."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.admission.decisions import Admit
+from phalanx.admission.model import Admission, PodSetAssignment
+from phalanx.operator.decision_status import (
+    Eviction,
+    admission_status,
+    evicted_status,
+    eviction_done_status,
+)
+
+ADMIT = Admit(
+    "ns/w",
+    Admission(
+        "cq",
+        (PodSetAssignment(name="main", count=1, flavors={"cpu": "f"}, resource_usage={"cpu": 1}),),
+    ),
+    1_000,
+)
+EVICTION = Eviction(reason="Preempted", message="for ns/high", cluster_queue="cq")
+
+
+def fresh() -> dict[str, Any]:
+    return {"metadata": {"name": "w", "namespace": "ns"}, "status": {}}
+
+
+def landed(status: dict[str, Any] | None, on: dict[str, Any]) -> dict[str, Any]:
+    """The Workload after ``status`` was applied to ``on`` (None-valued fields removed)."""
+    assert status is not None
+    merged = dict(on.get("status") or {})
+    for field, value in status.items():
+        if value is None:
+            merged.pop(field, None)
+        else:
+            merged[field] = value
+    return {**on, "status": merged}
+
+
+def test_each_decision_is_written_once_and_then_recognised() -> None:
+    build = admission_status(ADMIT)
+    admitted = landed(build(fresh()), fresh())
+    assert admitted["status"]["admission"]["clusterQueue"] == "cq"
+    assert build(admitted) is None
+
+    evict = evicted_status(EVICTION, now_ms=2_000)
+    evicting = landed(evict(admitted), admitted)
+    assert evicting["status"]["admission"] == admitted["status"]["admission"], (
+        "an evicting Workload keeps reserving until its pods are gone"
+    )
+    assert evict(evicting) is None
+
+    done = eviction_done_status(EVICTION, now_ms=3_000, requeue=(1, 63_000))
+    requeued = landed(done(evicting), evicting)
+    assert "admission" not in requeued["status"]
+    assert requeued["status"]["requeueState"]["count"] == 1
+    assert done(requeued) is None
