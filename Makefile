@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORE := src/phalanx/quotas src/phalanx/placement src/phalanx/admission src/phalanx/api
+STRICT := $(CORE) src/phalanx/bench
 STAMP := $(VENV)/.installed
 
 .PHONY: test faults demo lint typecheck contracts unit integration crds venv clean
@@ -30,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict $(CORE)
+	$(BIN)/mypy --strict $(STRICT)
 
 contracts: $(STAMP)
 	$(BIN)/lint-imports

@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from phalanx.api.crds import generate_crds
+from phalanx.bench.invariants import InvariantWatch
 from phalanx.devcluster import cluster as devcluster
 from phalanx.devcluster import components, processes
 from phalanx.devcluster.components import Layout
@@ -43,7 +44,6 @@ from phalanx.devcluster.pins import cache_root
 from phalanx.devcluster.pki import ensure_pki
 from phalanx.devcluster.state import ClusterState, load_state, save_state
 from phalanx.operator import kubeconfig
-from phalanx.operator.faults_invariants import InvariantWatch
 from phalanx.operator.kube import KubeApi
 
 GPU = "nvidia.com/gpu"

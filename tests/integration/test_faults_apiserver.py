@@ -6,7 +6,7 @@ far into the burst the API server goes down (after 15-60 admissions, counted by 
 so the fault lands mid-burst however loaded the machine is) and for how long (5-10 s).
 
 The checker's own watch is cut by the restart too; it lists again and judges that list as one
-state of the API (see ``phalanx.operator.faults_invariants``), so an overshoot it reports is
+state of the API (see ``phalanx.bench.invariants``), so an overshoot it reports is
 one the API showed. On a failure its trace (Workload versions with their resourceVersions)
 is written beside the operator log.
 """
@@ -29,9 +29,9 @@ from faults_support import (
     wait_admissions,
 )
 
+from phalanx.bench.proc import start_operator
 from phalanx.devcluster import cluster as devcluster
 from phalanx.devcluster.handle import ClusterHandle
-from phalanx.operator.bench_proc import start_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

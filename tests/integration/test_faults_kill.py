@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from faults_support import JobBurst, invariant_watch
 
+from phalanx.bench.proc import OperatorProcess, start_operator
 from phalanx.devcluster.handle import ClusterHandle
-from phalanx.operator.bench_proc import OperatorProcess, start_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -41,10 +41,10 @@ import yaml
 from faultproxy import FaultKind, FaultPolicy, FaultProxy, running_proxy
 from faults_support import GPU, QUEUE_LABEL, JobBurst, api_factory
 
+from phalanx.bench.invariants import InvariantChecker, InvariantWatch, WorkloadHistory
+from phalanx.bench.proc import OperatorProcess, start_operator
 from phalanx.devcluster.handle import ClusterHandle
 from phalanx.operator import kubeconfig
-from phalanx.operator.bench_proc import OperatorProcess, start_operator
-from phalanx.operator.faults_invariants import InvariantChecker, InvariantWatch, WorkloadHistory
 from phalanx.quotas.quantity import QuantityError, parse_quantity
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]

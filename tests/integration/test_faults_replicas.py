@@ -20,14 +20,14 @@ from faults_support import (
     invariant_watch,
 )
 
-from phalanx.devcluster.handle import ClusterHandle
-from phalanx.operator.bench_proc import (
+from phalanx.bench.proc import (
     OperatorProcess,
     free_port,
     metric_sum,
     scrape,
     start_operator,
 )
+from phalanx.devcluster.handle import ClusterHandle
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.admission.simulate import BenchResult, replay
+from phalanx.bench.core_replay import BenchResult, replay
 from phalanx.cli.bench_scenario import (
     ScenarioError,
     load_rangespec,

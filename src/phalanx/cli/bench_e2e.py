@@ -106,7 +106,7 @@ def register_e2e(bench: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from phalanx.operator.bench_e2e import E2EOptions, e2e_problems, run_e2e
+    from phalanx.bench.e2e import E2EOptions, e2e_problems, run_e2e
 
     try:
         scenario = load_scenario(args.config)

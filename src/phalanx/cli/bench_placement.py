@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from phalanx.placement.bench import BenchReport, format_report, run_placement_bench
+from phalanx.bench.placement import BenchReport, format_report, run_placement_bench
 
 __all__ = ["acceptance_problems", "register_placement"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from phalanx.admission.model import PreemptionPolicy, ResourceFlavor, TopologyRequest
-from phalanx.admission.simulate import (
+from phalanx.bench.core_replay import (
     BenchResult,
     CohortSet,
     QueueSet,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.admission.simulate import replay
+from phalanx.bench.core_replay import replay
 from phalanx.cli.bench_scenario import ScenarioError, load_rangespec, load_scenario
 from phalanx.cli.main import main
 

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.admission.simulate import ClassResult, ideal_ms
-from phalanx.cli.bench_scenario import load_scenario
-from phalanx.operator.bench_objects import (
+from phalanx.bench.core_replay import ClassResult, ideal_ms
+from phalanx.bench.objects import (
     CLEANUP_LABEL,
     cluster_queue_object,
     plan,
     workload_object,
 )
-from phalanx.operator.bench_result import E2EResult, e2e_problems, write_counts
-from phalanx.operator.bench_tracker import Track, WorkloadTracker, percentile
+from phalanx.bench.result import E2EResult, e2e_problems, write_counts
+from phalanx.bench.tracker import Track, WorkloadTracker, percentile
+from phalanx.cli.bench_scenario import load_scenario
 
 BENCH = Path("/work/shared/bench/kueue-scheduler")
 SMALL = """

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.admission.simulate import Scenario
+from phalanx.bench.core_replay import Scenario
+from phalanx.bench.e2e import E2EOptions, _Run
+from phalanx.bench.objects import PlannedWorkload, plan
+from phalanx.bench.proc import Memory, RssSampler, read_memory
+from phalanx.bench.result import E2EResult
+from phalanx.bench.tracker import Track, WorkloadTracker
 from phalanx.cli.bench_e2e import _print_human
 from phalanx.cli.bench_scenario import load_rangespec, load_scenario
-from phalanx.operator.bench_e2e import E2EOptions, _Run
-from phalanx.operator.bench_objects import PlannedWorkload, plan
-from phalanx.operator.bench_proc import Memory, RssSampler, read_memory
-from phalanx.operator.bench_result import E2EResult
-from phalanx.operator.bench_tracker import Track, WorkloadTracker
 
 # Two queues; per queue, 5 "small" created every 100 ms and, in parallel, 2 "large" every
 # 400 ms (Kueue's generator waits one interval, then creates).
@@ -265,7 +265,7 @@ def test_rss_sampler_samples_on_its_own_thread_until_stopped(tmp_path: Path) -> 
 
 
 def test_report_shows_the_new_figures(capsys: pytest.CaptureFixture[str]) -> None:
-    from phalanx.admission.simulate import ClassResult
+    from phalanx.bench.core_replay import ClassResult
 
     result = E2EResult(
         scenario="x",

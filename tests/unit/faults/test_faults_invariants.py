@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from phalanx.operator.faults_invariants import InvariantChecker, InvariantWatch, admission_usage
+from phalanx.bench.invariants import InvariantChecker, InvariantWatch, admission_usage
 
 
 def cq(

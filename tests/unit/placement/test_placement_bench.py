@@ -9,10 +9,10 @@ import random
 
 import pytest
 
+from phalanx.bench.placement import BenchReport, format_report, run_placement_bench, speed_bench
+from phalanx.bench.placement_sim import FirstFitPlacer, PhalanxPlacer, simulate
+from phalanx.bench.placement_workload import LEVELS, make_cluster, make_jobs
 from phalanx.cli import bench_placement
-from phalanx.placement.bench import BenchReport, format_report, run_placement_bench, speed_bench
-from phalanx.placement.bench_sim import FirstFitPlacer, PhalanxPlacer, simulate
-from phalanx.placement.bench_workload import LEVELS, make_cluster, make_jobs
 
 
 @pytest.fixture(scope="module")

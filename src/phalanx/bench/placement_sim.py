@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from phalanx.placement.bench_workload import GPU, GPUS_PER_NODE, Cluster, Job
+from phalanx.bench.placement_workload import GPU, GPUS_PER_NODE, Cluster, Job
 from phalanx.placement.model import GangRequest, PodSetRequest
 from phalanx.placement.topology import FlavorTopology
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from phalanx.admission.simulate import Scenario
-from phalanx.operator.bench_objects import (
+from phalanx.bench.core_replay import Scenario
+from phalanx.bench.objects import (
     CLEANUP_LABEL,
     PlannedQueue,
     cluster_queue_object,

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.placement.bench_sim import FirstFitPlacer, PhalanxPlacer, SimResult, simulate
-from phalanx.placement.bench_workload import LEVELS, RACK_LABEL, Cluster, make_cluster, make_jobs
+from phalanx.bench.placement_sim import FirstFitPlacer, PhalanxPlacer, SimResult, simulate
+from phalanx.bench.placement_workload import LEVELS, RACK_LABEL, Cluster, make_cluster, make_jobs
 from phalanx.placement.model import GangRequest, PodSetRequest, TopologyRequest
 from phalanx.placement.topology import FlavorTopology
 

@@ -34,24 +34,24 @@ from typing import Any
 
 import aiohttp
 
-from phalanx.admission.simulate import Scenario, ideal_ms
-from phalanx.operator import kubeconfig
-from phalanx.operator.bench_objects import (
+from phalanx.bench.core_replay import Scenario, ideal_ms
+from phalanx.bench.invariants import InvariantChecker
+from phalanx.bench.objects import (
     PlannedWorkload,
     plan,
     workload_object,
 )
-from phalanx.operator.bench_proc import (
+from phalanx.bench.proc import (
     OperatorProcess,
     RssSampler,
     cpu_seconds,
     scrape,
     start_operator,
 )
-from phalanx.operator.bench_result import E2EResult, e2e_problems, write_counts
-from phalanx.operator.bench_setup import SELECTOR, ScenarioObjects
-from phalanx.operator.bench_tracker import Track, WorkloadTracker
-from phalanx.operator.faults_invariants import InvariantChecker
+from phalanx.bench.result import E2EResult, e2e_problems, write_counts
+from phalanx.bench.setup import SELECTOR, ScenarioObjects
+from phalanx.bench.tracker import Track, WorkloadTracker
+from phalanx.operator import kubeconfig
 from phalanx.operator.informer import Informer
 from phalanx.operator.kube import (
     CLUSTER_QUEUES,

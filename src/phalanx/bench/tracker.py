@@ -21,8 +21,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.admission.simulate import ClassResult
-from phalanx.operator.bench_objects import PlannedWorkload
+from phalanx.bench.core_replay import ClassResult
+from phalanx.bench.objects import PlannedWorkload
 
 __all__ = ["AdmissionTiming", "Track", "WorkloadTracker", "percentile"]
 

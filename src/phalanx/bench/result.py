@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from phalanx.admission.simulate import BenchResult, ClassResult
-from phalanx.operator.bench_proc import metric_sum
+from phalanx.bench.core_replay import BenchResult, ClassResult
+from phalanx.bench.proc import metric_sum
 
 __all__ = [
     "WALL_OVER_IDEAL",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.admission.simulate import RESOURCE, Scenario
+from phalanx.bench.core_replay import RESOURCE, Scenario
 from phalanx.quotas.quantity import format_quantity
 
 __all__ = [
