@@ -7,7 +7,7 @@ CORE := src/phalanx/quotas src/phalanx/placement src/phalanx/admission src/phala
 STRICT := $(CORE) src/phalanx/bench
 STAMP := $(VENV)/.installed
 
-.PHONY: test faults demo lint typecheck contracts unit integration crds venv clean
+.PHONY: test faults faults-scale demo lint typecheck contracts unit integration crds venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,11 +20,16 @@ venv: $(STAMP)
 ## make test: lint, strict types on the core, layering contracts, then the unit tests, the
 ## integration tests on the local control plane and the fault suite (on a cluster of its own).
 test: $(STAMP) lint typecheck contracts
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not scale"
 
 ## make faults: only the fault suite (SIGKILL, leader failover, API-server restart).
 faults: $(STAMP)
-	$(BIN)/pytest -q -m faults
+	$(BIN)/pytest -q -m "faults and not scale"
+
+## make faults-scale: 1,000 Jobs through the fault proxy with 20 SIGKILLs (about 17 minutes).
+## It fails today on open operator bugs (docs/operations.md, "Known failures at scale").
+faults-scale: $(STAMP)
+	$(BIN)/pytest -q -m scale
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

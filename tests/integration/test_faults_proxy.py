@@ -540,6 +540,7 @@ def evidence(
 # -- the test -------------------------------------------------------------------------------------
 
 
+@pytest.mark.scale
 def test_a_burst_through_a_faulty_api_path_with_kills_keeps_the_promise(
     fault_cluster: ClusterHandle, tmp_path: Path
 ) -> None:
