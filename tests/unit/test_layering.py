@@ -1,4 +1,4 @@
-"""The layering contracts of DESIGN.md are enforced: breaking one fails `lint-imports`."""
+"""The layering contracts in pyproject.toml are enforced: breaking one fails `lint-imports`."""
 
 from __future__ import annotations
 

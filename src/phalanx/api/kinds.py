@@ -59,7 +59,7 @@ _PENDING = PrinterColumn(
     description="Number of pending workloads",
 )
 
-# Short names and printer columns follow Kueue v1beta2 (DESIGN.md adds co, topo and wpc,
+# Short names and printer columns follow Kueue v1beta2 (Phalanx adds co, topo and wpc,
 # which Kueue leaves without short names).
 KINDS: tuple[KindInfo, ...] = (
     KindInfo(

@@ -1,4 +1,4 @@
-"""The generated CRDs are what the API server will accept and what DESIGN.md promises."""
+"""The generated CRDs are what the API server will accept and what docs/api.md promises."""
 
 from __future__ import annotations
 
