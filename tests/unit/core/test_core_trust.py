@@ -25,6 +25,18 @@ def wl(name: str, queue: str, cpu: str, priority: int = 0) -> MakeWorkload:
     return MakeWorkload(name).queue(queue).request("cpu", cpu).priority(priority)
 
 
+def one_queue_preempting_within() -> Cluster:
+    """ClusterQueue ``a``: 4 CPUs, lower priorities preempted within it."""
+    return Cluster(
+        queues=[
+            MakeClusterQueue("a")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .preemption(within=LOWER)
+            .obj()
+        ]
+    )
+
+
 def reserved_in_api(cluster: Cluster, cq: str) -> int:
     """What the API shows reserving quota in ``cq``: admitted workloads, and victims still
     being evicted (they keep status.admission until their eviction completes)."""
@@ -37,14 +49,7 @@ def reserved_in_api(cluster: Cluster, cq: str) -> int:
 
 
 def test_freed_quota_is_not_reused_while_the_victim_still_runs() -> None:
-    cluster = Cluster(
-        queues=[
-            MakeClusterQueue("a")
-            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
-            .preemption(within=LOWER)
-            .obj()
-        ]
-    )
+    cluster = one_queue_preempting_within()
     cluster.admit_all(wl("low", "a", "4", 0))
     first = cluster.submit(wl("high", "a", "2", 10)).cycle()
     assert victim_names(first) == ["low"]
@@ -61,14 +66,7 @@ def test_freed_quota_is_not_reused_while_the_victim_still_runs() -> None:
 
 
 def test_a_victim_that_finishes_while_evicting_hands_its_quota_to_the_preemptor() -> None:
-    cluster = Cluster(
-        queues=[
-            MakeClusterQueue("a")
-            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
-            .preemption(within=LOWER)
-            .obj()
-        ]
-    )
+    cluster = one_queue_preempting_within()
     cluster.admit_all(wl("low1", "a", "2", 0), wl("low2", "a", "2", 0))
     first = cluster.submit(wl("high", "a", "4", 10)).cycle()
     assert victim_names(first) == ["low1", "low2"]
