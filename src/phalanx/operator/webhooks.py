@@ -12,13 +12,20 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp.web
 import kopf
 
 from phalanx.operator import jobs
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import WebhookConfig
 
-__all__ = ["KUEUE_KINDS", "PhalanxWebhookServer", "register_webhooks", "webhook_server"]
+__all__ = [
+    "KUEUE_KINDS",
+    "MAX_REVIEW_BYTES",
+    "PhalanxWebhookServer",
+    "register_webhooks",
+    "webhook_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,13 @@ KUEUE_KINDS = (
     ("workloadpriorityclasses", "WorkloadPriorityClass"),
     ("workloads", "Workload"),
 )
+
+# The largest AdmissionReview the server reads. The API server takes a request body of up to
+# 3 MiB, so an object can be that large; an UPDATE's review carries it twice (object and
+# oldObject), and JSON re-encoding can grow it (``<``, ``>`` and ``&`` become six-byte
+# escapes). 16 MiB covers two 3 MiB objects with that headroom. aiohttp's default, 1 MiB,
+# answered 413 for a valid 1.2 MB Job, and the API server refused the Job.
+MAX_REVIEW_BYTES = 16 * 1024 * 1024
 
 Validator = Callable[[dict[str, Any]], list[str]]
 """Returns one message per problem, each naming its field path; empty when valid."""
@@ -63,6 +77,13 @@ class PhalanxWebhookServer(kopf.WebhookServer):
             elif self.advertised_url is not None:
                 advertised["url"] = self.advertised_url.rstrip("/")
             yield advertised
+
+    async def _serve(  # type: ignore[override]
+        self, fn: kopf.WebhookFn, request: aiohttp.web.Request
+    ) -> aiohttp.web.Response:
+        # kopf builds the aiohttp application with the default body limit and no way to set
+        # it; the limit is per request, so each request gets the larger one before it is read.
+        return await super()._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
 
 
 def webhook_server(config: WebhookConfig) -> PhalanxWebhookServer:
