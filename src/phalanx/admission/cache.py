@@ -16,6 +16,10 @@ gone, restored) and the books keep these invariants:
    counts more than the limits allow; releasing it wakes the tree.
 5. An admitted workload whose ClusterQueue is missing (after a restart) is an orphan: it
    counts once its ClusterQueue exists, and never once it is gone.
+6. What a ClusterQueue's CLAIMING preemptors will add to it once their victims are gone is
+   its ``pledged`` quota: preemption decisions for that ClusterQueue count it as used (as
+   Kueue counts a waiting preemptor's usage in its ClusterQueue), so several preemptors
+   cannot each reclaim up to the same nominal quota.
 
 ``problems()`` recomputes invariants 1 and 2 from the entries; the tests call it after every
 step.
@@ -191,6 +195,25 @@ class QuotaBooks:
             return True
         return any(e.cluster_queue == cluster_queue for e in self.evicting.values())
 
+    def pledged(self, cluster_queue: str) -> dict[FlavorResource, int]:
+        """What the CLAIMING preemptors of ``cluster_queue`` will add to its usage when they
+        are admitted: their admissions' usage, less what they already hold there and what
+        their pending victims in the same ClusterQueue count there."""
+        pledged: dict[FlavorResource, int] = {}
+        for claim in self.claims.values():
+            if claim.cluster_queue != cluster_queue or claim.admission is None:
+                continue
+            coming = dict(claim.admission.usage())
+            for name, held in claim.held:
+                if name == cluster_queue:
+                    _subtract(coming, held)
+            for key in claim.victims_pending:
+                victim = self.evicting.get(key)
+                if victim is not None and victim.cluster_queue == cluster_queue:
+                    _subtract(coming, victim.usage)
+            add_into(pledged, {fr: n for fr, n in coming.items() if n > 0})
+        return pledged
+
     def claimers(self, cluster_queue: str) -> list[Entry]:
         return sorted(
             (e for e in self.claims.values() if e.cluster_queue == cluster_queue),
@@ -230,3 +253,9 @@ class QuotaBooks:
                 self.tree.remove_usage(state.node, usage)
                 self.dirty_roots.add(state.node.root)
         entry.held = ()
+
+
+def _subtract(into: dict[FlavorResource, int], usage: Mapping[FlavorResource, int]) -> None:
+    for fr, amount in usage.items():
+        if fr in into:
+            into[fr] -= amount

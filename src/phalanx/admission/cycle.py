@@ -409,6 +409,7 @@ def _targets(
         lendable_cache=s.lendable_cache,
         cycle=s.cycle_number,
         placement_fits=probe,
+        pledged=s.books.pledged(state.name),
     )
     return targets, probe
 

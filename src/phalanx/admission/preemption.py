@@ -63,8 +63,10 @@ class _Search:
         request: Mapping[FlavorResource, int],
         frs: set[FlavorResource],
         placement_fits: PlacementFits | None,
+        pledged: Mapping[FlavorResource, int],
     ) -> None:
         self.tree = tree
+        self.pledged = pledged
         self.cq = cq
         self.states = states
         self.request = request
@@ -93,9 +95,16 @@ class _Search:
     def fits(self, allow_borrowing: bool) -> bool:
         node = self.cq.node
         for fr, amount in self.request.items():
-            if not allow_borrowing and node.borrowing_with(fr, amount):
-                return False
             if amount > node.available(fr):
+                return False
+            # What the queue's waiting preemptors will add counts against its own limits
+            # (the books' invariant 6). Not against the cohort: their victims still count
+            # there until they are gone.
+            after = amount + self.pledged.get(fr, 0)
+            if not allow_borrowing and node.borrowing_with(fr, after):
+                return False
+            limit = node.borrow_limit.get(fr)
+            if limit is not None and node.borrowing_with(fr, after - limit):
                 return False
         if self.placement_fits is None:
             return True
@@ -210,6 +219,7 @@ def find_targets(
     lendable_cache: dict[str, dict[str, int]] | None = None,
     cycle: int = 1 << 62,
     placement_fits: PlacementFits | None = None,
+    pledged: Mapping[FlavorResource, int] | None = None,
 ) -> list[Target]:
     """Victims for ``preemptor`` (empty when preemption cannot make it fit).
 
@@ -218,14 +228,17 @@ def find_targets(
     preemption, else the fair-sharing strategies in order. Workloads admitted in cycle
     ``cycle`` (the current one) are not candidates. ``placement_fits`` (on a flavor with a
     topology) must also hold for the victims: without it, no victim is chosen.
+    ``pledged`` is what ``cq``'s waiting preemptors will add to its usage: counted as used,
+    so that a queue reclaims up to its nominal quota once, not once per preemptor.
     """
+    pledged = pledged or {}
     borrow_policy = cq.spec.preemption.borrow_within_cohort
     # Workloads of other queues only ever help when reclaiming below nominal quota,
     # borrowing within the cohort, or fair sharing; skip collecting them otherwise.
     include_cohort = (
         fair_sharing is not None
         or borrow_policy.policy != PreemptionPolicy.NEVER
-        or _under_nominal(cq, frs)
+        or _under_nominal(cq, frs, pledged)
     )
     candidates = _candidates(preemptor, cq, states, frs, include_cohort=include_cohort, cycle=cycle)
     if not candidates:
@@ -235,7 +248,13 @@ def find_targets(
         # would otherwise ask placement once per candidate, for nothing).
         return []
     search = _Search(
-        tree=tree, cq=cq, states=states, request=request, frs=frs, placement_fits=placement_fits
+        tree=tree,
+        cq=cq,
+        states=states,
+        request=request,
+        frs=frs,
+        placement_fits=placement_fits,
+        pledged=pledged,
     )
     same_queue = [c for c in candidates if c.cluster_queue == cq.name]
     if len(same_queue) == len(candidates):
@@ -248,21 +267,23 @@ def find_targets(
         limit = borrow_policy.max_priority_threshold
         if limit is not None and limit < threshold:
             threshold = limit + 1
-        if not _under_nominal(cq, frs):
+        if not _under_nominal(cq, frs, pledged):
             candidates = [
                 c for c in candidates if c.cluster_queue == cq.name or c.priority < threshold
             ]
         return search.minimal(candidates, allow_borrowing=True, threshold=threshold)
-    if _under_nominal(cq, frs):
+    if _under_nominal(cq, frs, pledged):
         targets = search.minimal(candidates, allow_borrowing=False)
         if targets:
             return targets
     return search.minimal(same_queue, allow_borrowing=True)
 
 
-def _under_nominal(cq: ClusterQueueState, frs: set[FlavorResource]) -> bool:
+def _under_nominal(
+    cq: ClusterQueueState, frs: set[FlavorResource], pledged: Mapping[FlavorResource, int]
+) -> bool:
     node = cq.node
-    return all(node.usage.get(fr, 0) < node.nominal(fr) for fr in frs)
+    return all(node.usage.get(fr, 0) + pledged.get(fr, 0) < node.nominal(fr) for fr in frs)
 
 
 ShareRule = Callable[[int, int, int], bool]

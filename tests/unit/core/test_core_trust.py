@@ -8,6 +8,7 @@ quota it frees then goes to the preemptor that asked for it, never to a third wo
 from __future__ import annotations
 
 from core_builders import (
+    ANY,
     LOWER,
     Cluster,
     MakeClusterQueue,
@@ -198,3 +199,46 @@ def test_a_namespace_or_local_queue_change_touches_only_its_own_workloads() -> N
     scheduler.delete_local_queue("elsewhere", "lq")
     scheduler.set_namespace("default", {"team": "a"})
     assert all(scheduler.phase(f"default/w{i}") == Phase.PENDING for i in range(300))
+
+
+def two_queues_reclaiming() -> Cluster:
+    """ClusterQueues ``a`` and ``b`` of 4 CPUs each in one cohort; each may reclaim what the
+    other borrowed."""
+    return Cluster(
+        queues=[
+            MakeClusterQueue(name)
+            .cohort("pool")
+            .resource_group(MakeFlavorQuotas("default").resource("cpu", "4"))
+            .preemption(reclaim=ANY)
+            .obj()
+            for name in ("a", "b")
+        ]
+    )
+
+
+def test_a_queue_reclaims_up_to_its_nominal_quota_once_not_once_per_preemptor() -> None:
+    cluster = two_queues_reclaiming()
+    cluster.admit_all(*(wl(f"b{i}", "b", "2") for i in range(4)))  # b borrows all of a's 4
+    # Three of a's workloads, 6 CPUs, reclaim: only 4 CPUs are a's to take back. Each alone
+    # sees a at 0 and under nominal; counted together, the third would make a borrow.
+    first = cluster.submit(*(wl(f"a{i}", "a", "2") for i in range(3))).cycle()
+    assert len(victim_names(first)) == 2, victim_names(first)
+    evicted = cluster.complete_preemptions(first)
+    assert sorted(admitted_names(evicted)) == ["a0", "a1"]
+    assert (cluster.usage("a"), cluster.usage("b")) == (4000, 4000)
+    # Neither queue borrows now: nobody reclaims from anybody, b's victims wait for quota.
+    settled = cluster.submit().cycle()
+    assert settled.preempted == () and settled.admitted == ()
+    assert cluster.scheduler.books.problems(cluster.scheduler.entries.values()) == []
+
+
+def test_a_waiting_preemptors_pledge_is_what_it_will_add_to_its_queue() -> None:
+    cluster = two_queues_reclaiming()
+    cluster.admit_all(*(wl(f"b{i}", "b", "2") for i in range(4)), wl("a-own", "a", "0"))
+    first = cluster.submit(wl("a0", "a", "2")).cycle()
+    assert len(victim_names(first)) == 1
+    books = cluster.scheduler.books
+    assert books.pledged("a") == {("default", "cpu"): 2000}
+    assert books.pledged("b") == {}
+    cluster.complete_preemptions(first)
+    assert books.pledged("a") == {}
