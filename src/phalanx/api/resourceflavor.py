@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -57,7 +57,7 @@ class Toleration(KueueModel):
 class ResourceFlavorSpec(KueueModel):
     """Desired state of a ResourceFlavor."""
 
-    node_labels: dict[str, str] | None = Field(
+    node_labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
         default=None, max_length=8, json_schema_extra={"x-kubernetes-map-type": "atomic"}
     )
     """Labels of the nodes of this flavor; injected as a node selector into admitted pods."""

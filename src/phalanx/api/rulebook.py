@@ -13,6 +13,7 @@ from typing import Any
 
 from phalanx.api.clusterqueue import ClusterQueuePreemption, ClusterQueueSpec, PreemptionPolicy
 from phalanx.api.cohort import CohortSpec
+from phalanx.api.label_rules import LABEL_RULES
 from phalanx.api.localqueue import LocalQueueSpec
 from phalanx.api.meta import LabelSelectorOperator, LabelSelectorRequirement
 from phalanx.api.quota import ResourceGroup
@@ -331,5 +332,6 @@ RULES: tuple[Rule[Any], ...] = (
     *_TOPOLOGY_RULES,
     *WORKLOAD_RULES,
     *_META_RULES,
+    *LABEL_RULES,
     *unimplemented_rules(),
 )

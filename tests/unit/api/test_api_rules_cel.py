@@ -51,6 +51,24 @@ def _flavor(*tolerations: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _node_labels(labels: dict[str, str]) -> dict[str, Any]:
+    raw = _flavor()
+    raw["spec"] = {"nodeLabels": labels}
+    return raw
+
+
+def _taints(*taints: tuple[str, str, str]) -> dict[str, Any]:
+    raw = _flavor()
+    raw["spec"] = {"nodeTaints": [{"key": k, "value": v, "effect": e} for k, v, e in taints]}
+    return raw
+
+
+def _named_lq(name: str) -> dict[str, Any]:
+    raw = load_raw("localqueue")
+    raw["metadata"]["name"] = name
+    return raw
+
+
 def _assigned(slice_: dict[str, Any], levels: int = 1) -> dict[str, Any]:
     raw = load_raw("workload")
     ta = raw["status"]["admission"]["podSetAssignments"][1]["topologyAssignment"]
@@ -110,6 +128,20 @@ EXTRA: list[dict[str, Any]] = [
             "matchExpressions": [{"key": "k", "operator": "Exists", "values": ["x"]}]
         }
     ),
+    minimal_cq(resourceGroups=[group(["gpü/☃"], "a")]),
+    minimal_cq(resourceGroups=[group([f"{'p' * 254}/gpu"], "a")]),
+    _cohort(resourceGroups=[group(["example.com/-gpu"], "a")]),
+    _cohort(parentName="c"),
+    _cohort(parentName="root"),
+    _node_labels({"bad key!": "v", "ok": "bad value!"}),
+    _node_labels({f"{'x' * 64}": "v", "a.b/c": "x" * 63}),
+    _node_labels({"cloud.example.com/pool": "", "pool": "a-b_c.d"}),
+    _taints(("k", "v", "NoSchedule"), ("k", "w", "NoSchedule")),
+    _taints(("k", "v", "NoSchedule"), ("k", "v", "NoExecute"), ("a/b", "-v", "NoExecute")),
+    _taints((f"a/{'x' * 64}", "v", "NoSchedule")),
+    _flavor({"key": f"{'k' * 64}", "operator": "Exists"}, {"key": "k", "value": "v!"}),
+    _named_lq("q" * 63),
+    _named_lq("q" * 64),
     minimal_cq(
         namespaceSelector={"matchExpressions": [{"key": "k", "operator": "NotIn", "values": ["x"]}]}
     ),
@@ -144,6 +176,11 @@ def test_api_cel_and_python_agree_on_every_node_of_the_corpus():
                 assert rule.check is not None
                 python_ok = not list(rule.check(node))
                 as_served = node.model_dump(mode="json", by_alias=True, exclude_none=True)
+                if rule.field is not None:
+                    # A rule on a field runs on the field's value, and only when it is set.
+                    if rule.field not in as_served:
+                        continue
+                    as_served = as_served[rule.field]
                 assert cel(rule, as_served) == python_ok, (
                     f"{rule.name} disagrees at {obj.kind}/{obj.name} {path}"
                 )
