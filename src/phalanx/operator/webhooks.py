@@ -18,6 +18,7 @@ import kopf
 from phalanx.operator import jobs
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import WebhookConfig
+from phalanx.operator.job_validation import validate_job
 
 __all__ = [
     "KUEUE_KINDS",
@@ -139,6 +140,23 @@ def register_webhooks(
     async def suspend_job(patch: kopf.Patch, **_: Any) -> None:
         # Kueue's rule: a queued Job is created suspended; admission unsuspends it.
         patch.setdefault("spec", {})["suspend"] = True
+
+    @kopf.on.validate(
+        "batch",
+        "v1",
+        "jobs",
+        id="validate-queued-jobs",
+        operations=["CREATE", "UPDATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def validate_queued_job(body: kopf.Body, **kwargs: Any) -> None:
+        # kopf passes the previous object as ``old`` on an UPDATE (None on a CREATE).
+        errors = validate_job(body, old=kwargs.get("old"))
+        if errors:
+            name = body.get("metadata", {}).get("name", "")
+            raise kopf.AdmissionError(f"Job {name!r} is invalid: " + "; ".join(errors), code=422)
 
     for plural, kind in KUEUE_KINDS:
         _register_validation(

@@ -1,0 +1,163 @@
+"""The validating Job webhook's checks: a queued Job's Kueue labels and annotations, as Kueue's
+Job webhook checks them.
+
+Refused at ``kubectl apply``, a mistake is seen by whoever made it. Accepted, it surfaced only in
+the operator's log: a ``kueue.x-k8s.io/job-min-parallelism`` that is not a number left the Job
+with no Workload and no Event, a queue name no LocalQueue can have or conflicting topology
+annotations made a Workload the API server refuses. Pure functions over API dicts;
+``phalanx.operator.webhooks`` registers them for Jobs labelled with a queue name, on create and
+update. An update is checked only for what it changes, so that a Job accepted before these
+checks (or by another version) can still be updated, suspended and deleted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
+from phalanx.api.label_rules import is_qualified_name
+from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
+
+__all__ = ["validate_job"]
+
+_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
+_UNCONSTRAINED = "kueue.x-k8s.io/podset-unconstrained-topology"
+_SLICE_LEVEL = "kueue.x-k8s.io/podset-slice-required-topology"
+_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+_TOPOLOGY_MODES = (_REQUIRED, _PREFERRED, _UNCONSTRAINED)
+
+# What Go's strconv.Atoi and ParseBool accept, which is what Kueue parses these with.
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+_BOOLEANS: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"}) | frozenset(
+    {"0", "f", "F", "FALSE", "false", "False"}
+)
+_INT32_MAX: Final = 2**31 - 1
+
+_QUEUE_PATH = f"metadata.labels[{QUEUE_LABEL}]"
+_MIN_PATH = f"metadata.annotations[{JOB_MIN_PARALLELISM_ANNOTATION}]"
+_TEMPLATE_ANNOTATIONS = "spec.template.metadata.annotations"
+
+
+def validate_job(job: Mapping[str, Any], *, old: Mapping[str, Any] | None = None) -> list[str]:
+    """One message per problem with a queued Job, each starting with its field path.
+
+    ``old`` is the Job before an update (None on create).
+    """
+    errors = list(_queue_name(job, old))
+    errors.extend(_min_parallelism(job, old))
+    errors.extend(_topology_annotations(job, old))
+    return errors
+
+
+def _labels(job: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((job or {}).get("metadata") or {}).get("labels") or {}
+
+
+def _annotations(job: Mapping[str, Any] | None) -> Mapping[str, str]:
+    return ((job or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def _template_annotations(job: Mapping[str, Any] | None) -> Mapping[str, str]:
+    template = ((job or {}).get("spec") or {}).get("template") or {}
+    return (template.get("metadata") or {}).get("annotations") or {}
+
+
+def _suspended(job: Mapping[str, Any]) -> bool:
+    return bool((job.get("spec") or {}).get("suspend"))
+
+
+def _pod_count(job: Mapping[str, Any]) -> int:
+    """Kueue's count of a Job's pods: the lesser of parallelism (default 1) and completions."""
+    spec = job.get("spec") or {}
+    parallelism = spec.get("parallelism")
+    count = 1 if parallelism is None else int(parallelism)
+    completions = spec.get("completions")
+    return count if completions is None else min(count, int(completions))
+
+
+def _queue_name(job: Mapping[str, Any], old: Mapping[str, Any] | None) -> Iterator[str]:
+    name = _labels(job).get(QUEUE_LABEL)
+    old_name = _labels(old).get(QUEUE_LABEL) if old is not None else None
+    if old is not None and name != old_name and not _suspended(job):
+        yield (
+            f"{_QUEUE_PATH}: cannot be changed or removed while the Job runs"
+            f" (from {old_name!r} to {name!r}); suspend the Job (spec.suspend: true) first"
+        )
+    if name and (old is None or name != old_name) and not re.match(DNS_SUBDOMAIN_PATTERN, name):
+        yield (
+            f"{_QUEUE_PATH}: {name!r} cannot be the name of a LocalQueue: use lower-case letters,"
+            " digits, '-' and '.', starting and ending with a letter or digit; name a LocalQueue"
+            " of the Job's namespace"
+        )
+
+
+def _min_parallelism(job: Mapping[str, Any], old: Mapping[str, Any] | None) -> Iterator[str]:
+    text = _annotations(job).get(JOB_MIN_PARALLELISM_ANNOTATION)
+    if text is None:
+        return
+    if old is not None and _annotations(old).get(JOB_MIN_PARALLELISM_ANNOTATION) == text:
+        return
+    pods = _pod_count(job)
+    if not _INTEGER.fullmatch(text):
+        yield (
+            f"{_MIN_PATH}: {text!r} is not an integer; write the fewest pods the Job can start"
+            f" with (partial admission), from 1 to {max(pods - 1, 1)}, or remove the annotation"
+        )
+    elif pods < 2:
+        yield (
+            f"{_MIN_PATH}: partial admission needs a Job of at least 2 pods, and this Job has"
+            f" {pods} (the lesser of spec.parallelism and spec.completions); remove the"
+            " annotation or raise spec.parallelism"
+        )
+    elif not 0 < int(text) < pods:
+        yield (
+            f"{_MIN_PATH}: must be between 1 and {pods - 1}, fewer than the Job's {pods} pods"
+            f" (the lesser of spec.parallelism and spec.completions); got {text}"
+        )
+
+
+def _topology_annotations(job: Mapping[str, Any], old: Mapping[str, Any] | None) -> Iterator[str]:
+    annotations = _template_annotations(job)
+    if old is not None and annotations == _template_annotations(old):
+        return
+    modes = [name for name in _TOPOLOGY_MODES if name in annotations]
+    if len(modes) > 1:
+        yield (
+            f"{_TEMPLATE_ANNOTATIONS}: set at most one of {', '.join(_TOPOLOGY_MODES)};"
+            f" this Job sets {', '.join(modes)}"
+        )
+    for name in (_REQUIRED, _PREFERRED, _SLICE_LEVEL):
+        value = annotations.get(name)
+        if value is not None and not is_qualified_name(value):
+            yield (
+                f"{_TEMPLATE_ANNOTATIONS}[{name}]: {value!r} is not a node label key; name a"
+                " level of the flavor's Topology, such as cloud.example.com/rack"
+            )
+    unconstrained = annotations.get(_UNCONSTRAINED)
+    if unconstrained is not None and unconstrained not in _BOOLEANS:
+        where = f"{_TEMPLATE_ANNOTATIONS}[{_UNCONSTRAINED}]"
+        yield f"{where}: must be true or false; got {unconstrained!r}"
+    yield from _slice_annotations(job, annotations)
+
+
+def _slice_annotations(job: Mapping[str, Any], annotations: Mapping[str, str]) -> Iterator[str]:
+    level, size = annotations.get(_SLICE_LEVEL), annotations.get(_SLICE_SIZE)
+    if level is not None and size is None:
+        yield f"{_TEMPLATE_ANNOTATIONS}[{_SLICE_SIZE}]: required with {_SLICE_LEVEL}; set both"
+    if level is None and size is not None:
+        yield (
+            f"{_TEMPLATE_ANNOTATIONS}[{_SLICE_SIZE}]: only allowed with {_SLICE_LEVEL}; set the"
+            " slice's topology level or remove the size"
+        )
+    if size is None:
+        return
+    where = f"{_TEMPLATE_ANNOTATIONS}[{_SLICE_SIZE}]"
+    if not _INTEGER.fullmatch(size) or abs(int(size)) > _INT32_MAX:
+        yield f"{where}: must be a number of pods such as 4; got {size!r}"
+    elif int(size) < 1:
+        yield f"{where}: must be at least 1; got {size}"
+    elif int(size) > _pod_count(job):
+        yield f"{where}: must not be greater than the Job's {_pod_count(job)} pods; got {size}"
