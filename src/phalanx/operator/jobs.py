@@ -24,13 +24,18 @@ __all__ = [
     "TOPOLOGY_GATE",
     "WORKLOAD_ANNOTATION",
     "FlavorInjection",
+    "InvalidJob",
     "JobFinish",
     "PriorityResolution",
+    "WorkloadPriorityClassNotFound",
     "admission_patch",
     "job_finish",
+    "job_finishing",
+    "min_parallelism",
     "queue_name",
     "resolve_priority",
     "restore_patch",
+    "start_time_clearable",
     "workload_count",
     "workload_for_job",
     "workload_name",
@@ -80,6 +85,22 @@ def queue_name(job: Mapping[str, Any]) -> str | None:
     return str(value) if value else None
 
 
+class InvalidJob(ValueError):
+    """The Job cannot be represented by a Workload; the message names the field and the fix."""
+
+
+class WorkloadPriorityClassNotFound(LookupError):
+    """The Job's ``kueue.x-k8s.io/priority-class`` names a WorkloadPriorityClass that does not
+    exist; as in Kueue, no Workload is created until it does."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"WorkloadPriorityClass {name!r} named by label {PRIORITY_CLASS_LABEL} does not"
+            " exist: create it, or fix the label"
+        )
+        self.name = name
+
+
 @dataclass(frozen=True)
 class PriorityResolution:
     value: int
@@ -95,12 +116,17 @@ def resolve_priority(
 ) -> PriorityResolution:
     """The Job's WorkloadPriorityClass label wins over its pods' PriorityClass, as in Kueue.
 
-    A named class that does not exist leaves the priority at the default; the Workload still
-    queues (Kueue instead rejects the Job), which keeps a typo from losing work.
+    A named WorkloadPriorityClass that does not exist raises
+    :class:`WorkloadPriorityClassNotFound` (Kueue creates no Workload then: running it at the
+    default priority would quietly give it the wrong place in the queue). A pod
+    PriorityClass that does not exist leaves the default, as the pods' own admission decides
+    about it.
     """
     labels = (job.get("metadata") or {}).get("labels") or {}
     wpc = labels.get(PRIORITY_CLASS_LABEL)
-    if wpc and wpc in workload_priority_classes:
+    if wpc:
+        if wpc not in workload_priority_classes:
+            raise WorkloadPriorityClassNotFound(str(wpc))
         return PriorityResolution(
             value=workload_priority_classes[wpc],
             ref={"group": KUEUE_GROUP, "kind": "WorkloadPriorityClass", "name": wpc},
@@ -151,8 +177,30 @@ def _slice_size(text: str | None) -> int | None:
     return size if size >= 1 else None
 
 
+def min_parallelism(job: Mapping[str, Any]) -> int | None:
+    """The ``kueue.x-k8s.io/job-min-parallelism`` annotation (partial admission), checked as
+    Kueue's Job webhook checks it: an integer above 0 and below ``spec.parallelism``."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(JOB_MIN_PARALLELISM_ANNOTATION)
+    if text is None:
+        return None
+    where = f"metadata.annotations[{JOB_MIN_PARALLELISM_ANNOTATION}]"
+    try:
+        value = int(str(text))
+    except ValueError:
+        raise InvalidJob(f"{where}: {text!r} is not an integer; set a whole number") from None
+    parallelism = _pod_count(job.get("spec") or {})
+    if value <= 0 or value >= parallelism:
+        raise InvalidJob(
+            f"{where}: {value} must be above 0 and below the Job's parallelism"
+            f" ({parallelism}); set it in that range or remove it"
+        )
+    return value
+
+
 def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) -> dict[str, Any]:
-    """The Workload manifest for a queued Job: one pod set ``main`` from the pod template."""
+    """The Workload manifest for a queued Job: one pod set ``main`` from the pod template.
+    Raises :class:`InvalidJob` when an annotation cannot be honoured."""
     metadata = job["metadata"]
     spec = job.get("spec") or {}
     template = copy.deepcopy(spec.get("template") or {})
@@ -161,10 +209,9 @@ def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) ->
         "count": _pod_count(spec),
         "template": template,
     }
-    annotations = metadata.get("annotations") or {}
-    min_parallelism = annotations.get(JOB_MIN_PARALLELISM_ANNOTATION)
-    if min_parallelism:
-        pod_set["minCount"] = int(min_parallelism)
+    min_count = min_parallelism(job)
+    if min_count is not None:
+        pod_set["minCount"] = min_count
     topology = _topology_request(
         (template.get("metadata") or {}).get("annotations") or {}, pod_set["count"]
     )
@@ -292,6 +339,45 @@ class JobFinish:
     succeeded: bool
     reason: str
     message: str
+
+
+def job_finishing(job: Mapping[str, Any]) -> bool:
+    """Whether the Job controller has decided the Job's end: ``SuccessCriteriaMet`` or
+    ``FailureTarget`` (it waits for the last pods before ``Complete``/``Failed``), or ended."""
+    for condition in (job.get("status") or {}).get("conditions") or ():
+        if condition.get("status") == "True" and condition.get("type") in _ENDING:
+            return True
+    return False
+
+
+_ENDING = frozenset({"SuccessCriteriaMet", "FailureTarget", "Complete", "Failed"})
+
+
+def start_time_clearable(job: Mapping[str, Any]) -> bool:
+    """Whether clearing the suspended Job's ``status.startTime`` (to make its template
+    mutable again) is safe: the Job controller has seen the suspension (``Suspended=True``),
+    no pod is active, terminating or uncounted, and the Job is neither ending nor complete by
+    its counts.
+
+    A Job that may still finish needs its ``startTime``: the API server refuses a
+    ``Complete`` or ``Failed`` Job without one, so the Job controller could never finish it.
+    """
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    if not spec.get("suspend") or job_finishing(job):
+        return False
+    suspended = any(
+        c.get("type") == "Suspended" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+    uncounted = status.get("uncountedTerminatedPods") or {}
+    if not suspended or status.get("active") or status.get("terminating"):
+        return False
+    if uncounted.get("succeeded") or uncounted.get("failed"):
+        return False
+    succeeded = int(status.get("succeeded") or 0)
+    completions = spec.get("completions")
+    return succeeded == 0 if completions is None else succeeded < int(completions)
 
 
 def job_finish(job: Mapping[str, Any]) -> JobFinish | None:

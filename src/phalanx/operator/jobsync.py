@@ -66,6 +66,10 @@ class JobController:
         self._tasks: list[asyncio.Task[Any]] = []
         self._failures: dict[str, int] = {}  # job key -> consecutive failed reconciles
         self._retries: dict[str, asyncio.TimerHandle] = {}  # job key -> pending retry
+        # WorkloadPriorityClass name -> Jobs waiting for it to exist; job key -> (reason,
+        # resourceVersion) of the last refusal told on it.
+        self._waiting_for_class: dict[str, set[str]] = {}
+        self._refused: dict[str, tuple[str, str]] = {}
         state.subscribe(self._on_change)
 
     def start(self) -> None:
@@ -88,6 +92,11 @@ class JobController:
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
         if kind == "Pod":
             self._track_pod(key, obj)
+            return
+        if kind == "WorkloadPriorityClass":
+            if obj is not None:
+                for waiting in sorted(self._waiting_for_class.pop(key, ())):
+                    self._enqueue(waiting)
             return
         if kind == "Job":
             if obj is not None:
@@ -120,6 +129,11 @@ class JobController:
         if handle is not None:
             handle.cancel()
         self._failures.pop(job_key, None)
+        self._refused.pop(job_key, None)
+        for name in [n for n, jobs_ in self._waiting_for_class.items() if job_key in jobs_]:
+            self._waiting_for_class[name].discard(job_key)
+            if not self._waiting_for_class[name]:
+                del self._waiting_for_class[name]
 
     def _track_pod(self, key: str, obj: dict[str, Any] | None) -> None:
         """Index live pods by Job: an eviction is complete only when none is left."""
@@ -239,26 +253,21 @@ class JobController:
             return
         if cond.is_true(conditions, cond.FINISHED):
             return
+        if jobs.job_finishing(job):
+            return  # its end is decided: Complete or Failed follows, nothing to change
         admitted = cond.is_true(conditions, cond.ADMITTED) and status.get("admission")
         evicted = cond.is_true(conditions, cond.EVICTED)
-        if admitted and evicted:
+        if admitted and not evicted:
             if not spec.get("suspend"):
-                await self._stop_job(job, workload)
-            elif (job.get("status") or {}).get("startTime"):
-                await self._clear_start_time(job)
-            elif _template_injected(job):
-                await self._restore_template(job, workload)
-            return
-        if admitted:
-            if spec.get("suspend"):
-                await self._start_job(job, workload, status["admission"])
-            else:
                 await self._sync_pods_ready(wl_key, job, workload)
+            elif await self._template_mutable(job_key, job):
+                await self._start_job(job, workload, status["admission"])
             return
-        # Not admitted: the Job must stay (or be put back) suspended, with its own template.
+        # Evicted, or not admitted: the Job must stay (or be put back) suspended, with the
+        # template it was created with.
         if not spec.get("suspend"):
             await self._stop_job(job, workload)
-        elif _template_injected(job) and not (job.get("status") or {}).get("startTime"):
+        elif _template_injected(job) and await self._template_mutable(job_key, job):
             await self._restore_template(job, workload)
 
     async def _create_workload(self, job: dict[str, Any]) -> None:
@@ -267,18 +276,29 @@ class JobController:
             await self._patch_job(
                 job, [{"op": "add", "path": "/spec/suspend", "value": True}], "suspend"
             )
-        priority = jobs.resolve_priority(
-            job,
-            workload_priority_classes={
-                name: int(o.get("value", 0))
-                for name, o in self.state.objects["WorkloadPriorityClass"].items()
-            },
-            priority_classes={
-                name: int(o.get("value", 0))
-                for name, o in self.state.objects["PriorityClass"].items()
-            },
-        )
-        body = jobs.workload_for_job(job, priority=priority)
+        job_key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+        try:
+            priority = jobs.resolve_priority(
+                job,
+                workload_priority_classes={
+                    name: int(o.get("value", 0))
+                    for name, o in self.state.objects["WorkloadPriorityClass"].items()
+                },
+                priority_classes={
+                    name: int(o.get("value", 0))
+                    for name, o in self.state.objects["PriorityClass"].items()
+                },
+            )
+            body = jobs.workload_for_job(job, priority=priority)
+        except jobs.WorkloadPriorityClassNotFound as missing:
+            # Kueue's answer: no Workload and a warning Event; the class's creation (or any
+            # change to the Job) brings the Job back.
+            self._waiting_for_class.setdefault(missing.name, set()).add(job_key)
+            await self._refuse(job, "WorkloadPriorityClassNotFound", str(missing))
+            return
+        except jobs.InvalidJob as invalid:
+            await self._refuse(job, "InvalidJob", str(invalid))
+            return
         namespace = job["metadata"]["namespace"]
         try:
             created = await self.api.create(WORKLOADS, body, namespace=namespace)
@@ -306,6 +326,18 @@ class JobController:
                 job, reason="CreatedWorkloadFailed", message=str(error), warning=True
             )
             raise RetryLater(str(error)) from error
+
+    async def _refuse(self, job: dict[str, Any], reason: str, message: str) -> None:
+        """No Workload for this Job as it is: say why on the Job, once per Job version (the
+        Job's next change, or the missing object's creation, tries again)."""
+        metadata = job["metadata"]
+        seen = (reason, str(metadata.get("resourceVersion", "")))
+        job_key = f"{metadata['namespace']}/{metadata['name']}"
+        if self._refused.get(job_key) == seen:
+            return
+        self._refused[job_key] = seen
+        logger.warning("event=job_refused job=%s reason=%s message=%r", job_key, reason, message)
+        await self.writer.event(job, reason=reason, message=message, warning=True)
 
     async def _start_job(
         self, job: dict[str, Any], workload: dict[str, Any], admission: dict[str, Any]
@@ -351,25 +383,45 @@ class JobController:
                 job["metadata"]["name"],
             )
 
-    async def _clear_start_time(self, job: dict[str, Any]) -> None:
-        # The Job controller keeps startTime on a suspended Job; the template becomes mutable
-        # again only without it (Kueue does the same before restoring).
+    async def _template_mutable(self, job_key: str, job: dict[str, Any]) -> bool:
+        """Whether the suspended Job's template may be written now; if it has run before
+        (``status.startTime``), clear that first once it is safe, and say no this pass.
+
+        The API server keeps a Job's scheduling directives immutable while ``startTime`` is
+        set; the Job controller keeps it on a suspended Job (Kueue clears it the same way).
+        It is cleared only when :func:`jobs.start_time_clearable` holds and no pod of the
+        Job is left, with the Job's resourceVersion as a precondition: if the Job controller
+        wrote in between (a pod succeeded, the Job is ending), the patch is refused and the
+        Job is judged again from what it wrote. A Job whose ``startTime`` is cleared while it
+        can still finish could never be marked Complete.
+        """
+        if not (job.get("status") or {}).get("startTime"):
+            return True
+        if self._pods_of.get(job_key) or not jobs.start_time_clearable(job):
+            return False  # the Job controller's next write, or a pod's going, brings it back
         metadata = job["metadata"]
+        body: dict[str, Any] = {"status": {"startTime": None}}
+        if metadata.get("resourceVersion"):
+            body["metadata"] = {"resourceVersion": metadata["resourceVersion"]}
         try:
             updated = await self.api.patch(
                 JOBS,
                 metadata["name"],
-                {"status": {"startTime": None}},
+                body,
                 namespace=metadata["namespace"],
                 subresource="status",
             )
-            self.metrics.api_write("Job", "status", ok=True)
-            self.state.apply("Job", "MODIFIED", updated)
         except ApiError as error:
             self.metrics.api_write("Job", "status", ok=False)
-            logger.warning("event=job_status_failed job=%s error=%r", metadata["name"], str(error))
+            if error.conflict:
+                return False  # changed since read: its watch event queues the Job again
+            logger.warning("event=job_status_failed job=%s error=%r", job_key, str(error))
             if not error.not_found:
                 raise RetryLater(str(error)) from error
+            return False
+        self.metrics.api_write("Job", "status", ok=True)
+        self.state.apply("Job", "MODIFIED", updated)
+        return False  # the next pass writes the template, from the Job as it is now
 
     async def _restore_template(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
         pod_sets = (workload.get("spec") or {}).get("podSets") or []

@@ -183,10 +183,80 @@ def test_pod_priority_class_is_used_without_a_workload_priority_class() -> None:
     assert got.ref is not None and got.ref["kind"] == "PriorityClass"
 
 
-def test_unknown_priority_classes_fall_back_to_the_default() -> None:
-    job = make_job(labels={jobs.PRIORITY_CLASS_LABEL: "nope"}, priority_class="nope-pc")
+def test_an_unknown_pod_priority_class_falls_back_to_the_default() -> None:
+    job = make_job(priority_class="nope-pc")
     got = jobs.resolve_priority(job, workload_priority_classes={}, priority_classes={})
     assert got == jobs.PriorityResolution(value=0, ref=None)
+
+
+def test_an_unknown_workload_priority_class_is_an_error_naming_the_label() -> None:
+    job = make_job(labels={jobs.PRIORITY_CLASS_LABEL: "nope"})
+    with pytest.raises(jobs.WorkloadPriorityClassNotFound) as caught:
+        jobs.resolve_priority(job, workload_priority_classes={"high": 9}, priority_classes={})
+    assert caught.value.name == "nope"
+    assert jobs.PRIORITY_CLASS_LABEL in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "parallelism", "expected"),
+    [("2", 4, 2), ("3", 4, 3), ("x", 4, None), ("0", 4, None), ("4", 4, None), ("-1", 4, None)],
+)
+def test_min_parallelism_is_an_integer_above_zero_below_parallelism(
+    text: str, parallelism: int, expected: int | None
+) -> None:
+    job = make_job(
+        parallelism=parallelism, annotations={jobs.JOB_MIN_PARALLELISM_ANNOTATION: text}
+    )
+    if expected is None:
+        with pytest.raises(jobs.InvalidJob, match=jobs.JOB_MIN_PARALLELISM_ANNOTATION):
+            jobs.workload_for_job(job, priority=jobs.PriorityResolution(0, None))
+    else:
+        assert jobs.min_parallelism(job) == expected
+
+
+def _ran(**status: Any) -> dict[str, Any]:
+    """A suspended 2-pod Job that has run before, with ``status``."""
+    job = make_job(parallelism=2, completions=2)
+    job["status"] = {"startTime": "2026-12-03T10:00:00Z", **status}
+    return job
+
+
+SUSPENDED = {"type": "Suspended", "status": "True"}
+
+
+@pytest.mark.parametrize(
+    ("status", "clearable"),
+    [
+        ({"conditions": [SUSPENDED]}, True),
+        ({"conditions": [SUSPENDED], "succeeded": 1}, True),
+        ({}, False),  # the Job controller has not acted on the suspension yet
+        ({"conditions": [SUSPENDED], "active": 1}, False),
+        ({"conditions": [SUSPENDED], "terminating": 1}, False),
+        ({"conditions": [SUSPENDED], "uncountedTerminatedPods": {"succeeded": ["u"]}}, False),
+        ({"conditions": [SUSPENDED], "succeeded": 2}, False),  # complete by its counts
+        (
+            {"conditions": [SUSPENDED, {"type": "SuccessCriteriaMet", "status": "True"}]},
+            False,
+        ),
+        ({"conditions": [SUSPENDED, {"type": "FailureTarget", "status": "True"}]}, False),
+    ],
+)
+def test_start_time_is_cleared_only_when_the_job_cannot_finish_without_running_again(
+    status: dict[str, Any], clearable: bool
+) -> None:
+    assert jobs.start_time_clearable(_ran(**status)) is clearable
+
+
+def test_a_job_without_completions_is_complete_after_one_success() -> None:
+    job = _ran(conditions=[SUSPENDED], succeeded=1)
+    del job["spec"]["completions"]
+    assert not jobs.start_time_clearable(job)
+
+
+def test_success_criteria_met_and_failure_target_mean_the_end_is_decided() -> None:
+    assert not jobs.job_finishing(_ran(conditions=[SUSPENDED]))
+    for kind in ("SuccessCriteriaMet", "FailureTarget", "Complete", "Failed"):
+        assert jobs.job_finishing(_ran(conditions=[{"type": kind, "status": "True"}]))
 
 
 def test_admission_then_restore_round_trips_the_template() -> None:

@@ -44,10 +44,14 @@ class ScriptedApi:
         self, resource: Resource, body: dict[str, Any], *, namespace: str | None = None
     ) -> dict[str, Any]:
         self._fault()
+        if "generateName" in body["metadata"]:
+            body = copy.deepcopy(body)
+            body["metadata"]["name"] = f"{body['metadata']['generateName']}{self.version}"
         key = (resource.plural, f"{namespace}/{body['metadata']['name']}")
         if key in self.objects:
             raise ApiError(409, {"reason": "AlreadyExists"}, method="POST", path=key[1])
-        self.creates += 1
+        if resource.plural == "workloads":
+            self.creates += 1
         obj = copy.deepcopy(body)
         obj["metadata"].setdefault("uid", f"uid-{body['metadata']['name']}")
         obj["metadata"]["namespace"] = namespace
@@ -73,6 +77,9 @@ class ScriptedApi:
             except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as error:
                 raise ApiError(422, {"message": str(error)}, method="PATCH", path=name) from None
         else:
+            precondition = (patch.get("metadata") or {}).get("resourceVersion")
+            if precondition and precondition != current["metadata"].get("resourceVersion"):
+                raise ApiError(409, {"reason": "Conflict"}, method="PATCH", path=name)
             updated = copy.deepcopy(current)
             for field, value in patch.items():
                 for k, v in value.items():
@@ -151,6 +158,15 @@ class Harness:
         }
         self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
 
+    def job_controller_writes(self, **status: Any) -> dict[str, Any]:
+        """The Job controller's status write: in the API and, unless told otherwise by the
+        caller keeping the returned old version, in the state."""
+        job = self.api.job()
+        old = copy.deepcopy(job)
+        job["status"] = {**(job.get("status") or {}), **status}
+        self.state.apply("Job", "MODIFIED", self.api._bump(job))
+        return old
+
     def evict(self) -> None:
         wl = self.api.workload()
         wl["status"]["conditions"].append(
@@ -215,5 +231,149 @@ def test_a_failed_job_patch_is_retried_later_not_lost() -> None:
         assert raised and h.api.job()["spec"]["suspend"] is True
         await h.reconcile()
         assert h.api.job()["spec"]["suspend"] is False
+
+    asyncio.run(main())
+
+
+SUSPENDED = {"type": "Suspended", "status": "True", "reason": "JobSuspended"}
+START = "2026-12-03T10:00:00Z"
+
+
+def test_a_preempted_job_whose_pods_succeeded_keeps_its_start_time_and_finishes() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        h.admit()
+        await h.reconcile()
+        h.job_controller_writes(startTime=START, active=2)
+        h.evict()
+        await h.reconcile()
+        assert h.api.job()["spec"]["suspend"] is True
+        # Both pods had succeeded: the Job controller decides success, not suspension.
+        h.job_controller_writes(
+            active=0,
+            succeeded=2,
+            conditions=[{"type": "SuccessCriteriaMet", "status": "True"}],
+        )
+        await h.reconcile()
+        assert h.api.job()["status"]["startTime"] == START, "cleared: Complete would be refused"
+        assert "nodeSelector" in h.api.job()["spec"]["template"]["spec"]  # left as it ran
+        h.job_controller_writes(
+            conditions=[
+                {"type": "SuccessCriteriaMet", "status": "True"},
+                {"type": "Complete", "status": "True"},
+            ]
+        )
+        finishing: list[str] = []
+
+        async def apply_status(key: str, build: Any, *, verb: str) -> Any:
+            finishing.append(verb)
+            return type("Outcome", (), {"ok": True, "status": 200, "error": ""})()
+
+        h.jobs.writer.apply_status = apply_status  # type: ignore[method-assign]
+        await h.reconcile()
+        assert finishing == ["finish"]
+
+    asyncio.run(main())
+
+
+def test_a_start_time_clear_is_refused_when_the_job_changed_since_it_was_read() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        h.admit()
+        await h.reconcile()
+        h.job_controller_writes(startTime=START, active=2)
+        h.evict()
+        await h.reconcile()  # suspended
+        h.job_controller_writes(active=0, conditions=[SUSPENDED])
+        # The Job controller counts a success the operator has not seen yet.
+        seen = copy.deepcopy(h.state.get("Job", f"{NS}/train"))
+        h.job_controller_writes(succeeded=2)
+        h.state.apply("Job", "MODIFIED", seen)
+        await h.reconcile()
+        assert h.api.job()["status"]["startTime"] == START
+
+    asyncio.run(main())
+
+
+def test_a_preempted_job_is_restored_once_the_job_controller_suspended_it() -> None:
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        h.admit()
+        await h.reconcile()
+        h.job_controller_writes(startTime=START, active=2)
+        h.evict()
+        await h.reconcile()
+        await h.reconcile()  # pods still active: nothing to do yet
+        assert h.api.job()["status"]["startTime"] == START
+        h.job_controller_writes(active=0, conditions=[SUSPENDED])
+        await h.reconcile()
+        assert "startTime" not in h.api.job()["status"]
+        await h.reconcile()
+        assert not h.api.job()["spec"]["template"]["spec"].get("nodeSelector")
+
+    asyncio.run(main())
+
+
+def test_a_job_that_ran_before_it_was_queued_starts_on_admission() -> None:
+    async def main() -> None:
+        h = Harness()
+        # Created while no webhook suspended it: the Job controller started it.
+        job = h.api.job()
+        job["spec"]["suspend"] = False
+        h.state.apply("Job", "MODIFIED", h.api._bump(job))
+        h.job_controller_writes(startTime=START, active=2)
+        await h.reconcile()  # suspends it, creates the Workload
+        assert h.api.job()["spec"]["suspend"] is True and h.api.creates == 1
+        h.admit()
+        await h.reconcile()  # the Job controller has not stopped it yet: wait
+        assert h.api.job()["spec"]["suspend"] is True
+        h.job_controller_writes(active=0, conditions=[SUSPENDED])
+        await h.reconcile()  # startTime cleared: the template is mutable again
+        await h.reconcile()
+        started = h.api.job()
+        assert started["spec"]["suspend"] is False
+        assert started["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h100"}
+
+    asyncio.run(main())
+
+
+def _events(h: Harness) -> list[dict[str, Any]]:
+    return [o for (kind, _), o in h.api.objects.items() if kind == "events"]
+
+
+def test_a_missing_workload_priority_class_holds_the_job_until_it_exists() -> None:
+    async def main() -> None:
+        h = Harness()
+        job = h.api.job()
+        job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+        h.state.apply("Job", "MODIFIED", h.api._bump(job))
+        await h.reconcile()
+        await h.reconcile()  # told once per Job version, not once per pass
+        assert h.api.creates == 0
+        assert [e["reason"] for e in _events(h)] == ["WorkloadPriorityClassNotFound"]
+        assert "urgent" in _events(h)[0]["message"]
+        urgent = {"metadata": {"name": "urgent"}, "value": 7}
+        h.state.apply("WorkloadPriorityClass", "ADDED", urgent)
+        assert f"{NS}/train" in h.jobs._queued  # its creation brings the Job back
+        await h.reconcile()
+        assert h.api.workload()["spec"]["priority"] == 7
+
+    asyncio.run(main())
+
+
+def test_an_invalid_min_parallelism_is_told_on_the_job_without_a_traceback() -> None:
+    async def main() -> None:
+        h = Harness()
+        job = h.api.job()
+        job["metadata"]["annotations"] = {"kueue.x-k8s.io/job-min-parallelism": "many"}
+        h.state.apply("Job", "MODIFIED", h.api._bump(job))
+        await h.reconcile()  # returns: nothing to retry until the Job changes
+        assert h.api.creates == 0
+        (event,) = _events(h)
+        assert event["reason"] == "InvalidJob"
+        assert "kueue.x-k8s.io/job-min-parallelism" in event["message"]
 
     asyncio.run(main())
