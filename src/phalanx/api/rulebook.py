@@ -234,6 +234,16 @@ _RESOURCE_FLAVOR_RULES: tuple[Rule[Any], ...] = (
         check=lambda s: ["nodeLabels"] if s.topology_name and not s.node_labels else [],
         field_path=".nodeLabels",
     ),
+    Rule(
+        name="ResourceFlavor-topology-immutable",
+        model=ResourceFlavorSpec,
+        cel="!has(oldSelf.topologyName) || (has(self.topologyName) &&"
+        " self.topologyName == oldSelf.topologyName)",
+        message="topologyName cannot be changed or removed once set; create a new"
+        " ResourceFlavor for the other Topology",
+        check=None,
+        field_path=".topologyName",
+    ),
     _toleration_rule(
         "empty-key-needs-exists",
         "has(self.key) || (has(self.operator) && self.operator == 'Exists')",

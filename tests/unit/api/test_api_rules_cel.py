@@ -231,6 +231,7 @@ def test_api_transition_rules_reject_a_change_and_accept_none():
     transitions = [r for r in RULES if r.is_transition]
     assert {r.name for r in transitions} == {
         "LocalQueue-cluster-queue-immutable",
+        "ResourceFlavor-topology-immutable",
         "Topology-levels-immutable",
     }
     lq_rule = next(r for r in transitions if r.name.startswith("LocalQueue"))
@@ -240,6 +241,12 @@ def test_api_transition_rules_reject_a_change_and_accept_none():
     levels = load_raw("topology")["spec"]["levels"]
     assert cel(topo_rule, levels, old=levels) is True
     assert cel(topo_rule, levels[1:], old=levels) is False
+    rf_rule = next(r for r in transitions if r.name.startswith("ResourceFlavor"))
+    assert cel(rf_rule, {"topologyName": "t"}, old={"topologyName": "t"}) is True
+    assert cel(rf_rule, {"topologyName": "t"}, old={}) is True
+    assert cel(rf_rule, {}, old={}) is True
+    assert cel(rf_rule, {"topologyName": "u"}, old={"topologyName": "t"}) is False
+    assert cel(rf_rule, {}, old={"topologyName": "t"}) is False
 
 
 def test_api_every_rule_has_a_check_or_is_a_transition_and_names_are_unique():
