@@ -15,6 +15,7 @@ from phalanx.api.fields import GROUP, VERSION
 from phalanx.api.kinds import KINDS, KindInfo
 from phalanx.api.rulebook import RULES
 from phalanx.api.schema import structural_schema
+from phalanx.api.v1beta1 import conversion, v1beta1_version
 
 __all__ = ["HEADER", "crd_file_name", "generate_crd", "generate_crds", "render_crd", "write_crds"]
 
@@ -73,6 +74,7 @@ def generate_crd(info: KindInfo) -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {"name": info.crd_name},
         "spec": {
+            "conversion": conversion(info.kind),
             "group": GROUP,
             "names": {
                 "kind": info.kind,
@@ -82,7 +84,8 @@ def generate_crd(info: KindInfo) -> dict[str, Any]:
                 "shortNames": list(info.short_names),
             },
             "scope": "Namespaced" if info.namespaced else "Cluster",
-            "versions": [version],
+            # v1beta2 is stored, and preferred by discovery (it ranks above v1beta1).
+            "versions": [version, v1beta1_version(info.kind, version)],
         },
     }
 
