@@ -192,8 +192,8 @@ def min_parallelism(job: Mapping[str, Any]) -> int | None:
     parallelism = _pod_count(job.get("spec") or {})
     if value <= 0 or value >= parallelism:
         raise InvalidJob(
-            f"{where}: {value} must be above 0 and below the Job's parallelism"
-            f" ({parallelism}); set it in that range or remove it"
+            f"{where}: {value} must be above 0 and below the Job's pod count ({parallelism}:"
+            " parallelism, capped by completions); set it in that range or remove it"
         )
     return value
 
