@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 
 from phalanx.operator.config import OperatorConfig
+from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator, SchedulerStalled
 from phalanx.operator.webhooks import register_webhooks, webhook_server
 
@@ -34,7 +35,11 @@ logger = logging.getLogger(__name__)
 _HARD_EXIT_AFTER = 60.0
 
 
-def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
+def build_settings(
+    config: OperatorConfig, *, conversion: ConversionWebhook | None = None
+) -> kopf.OperatorSettings:
+    """kopf's settings; ``conversion``: the CRDs' conversion webhook, served on the admission
+    webhooks' server."""
     settings = kopf.OperatorSettings()
     # Per-object log lines and k8s Events from kopf cost CPU and API writes at scale; the
     # operator logs its own decisions. Warnings still become Events.
@@ -51,7 +56,8 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
         prefix="phalanx.kueue.x-k8s.io", key="last-handled"
     )
     if config.webhook.enabled:
-        settings.admission.server = webhook_server(config.webhook)
+        server = webhook_server(config.webhook)
+        settings.admission.server = conversion.serving(server) if conversion else server
         settings.admission.managed = config.webhook.configuration_name
     return settings
 
@@ -114,7 +120,7 @@ def run(config: OperatorConfig) -> int:
         hard_exit_after=_HARD_EXIT_AFTER,
     )
     registry = build_registry(op)
-    settings = build_settings(config)
+    settings = build_settings(config, conversion=op.conversion)
     # kopf installs its own SIGINT/SIGTERM handlers (main thread) and shuts down cleanly.
     # A threading.Event stop flag would leave an executor thread blocked in wait(), which
     # asyncio.run then joins forever.

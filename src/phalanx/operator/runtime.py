@@ -29,6 +29,7 @@ from typing import Any
 
 from phalanx.operator import kubeconfig
 from phalanx.operator.config import OperatorConfig
+from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.informer import Informer
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, ApiError, KubeApi, Resource
@@ -186,6 +187,13 @@ class PhalanxOperator:
         self._hard_exit_after = hard_exit_after
         self._test_hooks = test_hooks
         self._hooks: _SchedulerHooks | None = None
+        self.conversion: ConversionWebhook | None = None
+        """The CRDs' conversion webhook (kueue.x-k8s.io v1beta1), with the admission webhooks."""
+        if config.webhook.enabled:
+            # Only a process on its own loopback address points the CRDs back when it exits;
+            # a Service or a fixed --webhook-url may be served by other replicas.
+            own_address = config.webhook.service is None and config.webhook.url is None
+            self.conversion = ConversionWebhook(restore_on_exit=own_address)
 
     @property
     def synced(self) -> bool:
@@ -317,6 +325,9 @@ class PhalanxOperator:
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
+        if self.conversion is not None:
+            # Every replica: the CRDs must name a server as long as any serves.
+            self.spawn(self.conversion.keep_crds(self.api), name="phalanx-conversion-crds")
         if self.elector is None:
             self._start_scheduling()
         else:
