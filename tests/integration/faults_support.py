@@ -90,12 +90,7 @@ def fault_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterHandle]:
             pytrace=False,
         )
     handle = ClusterHandle.from_status(status)
-    texts = list(generate_crds().values())
-    names = [f"crd/{yaml.safe_load(t)['metadata']['name']}" for t in texts]
-    handle.kubectl_ok(
-        "apply", "--server-side", "--force-conflicts", "-f", "-", input="---\n".join(texts)
-    )
-    handle.kubectl_ok("wait", "--for=condition=Established", "--timeout=60s", *names)
+    handle.apply_crds(generate_crds().values())
     yield handle
     if tear_down:
         sys.stderr.write(f"\n[devcluster] stopping the fault cluster in {state_dir}\n")

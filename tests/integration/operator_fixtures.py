@@ -41,8 +41,7 @@ def kueue_crds(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory)
     """The seven Kueue CRDs, generated from the models (the same bytes as crds/), installed."""
     out = tmp_path_factory.mktemp("crds")
     subprocess.run([str(PHALANX), "crds", "--output", str(out)], check=True)
-    cluster.kubectl_ok("apply", "--server-side", "--force-conflicts", "-f", str(out))
-    cluster.kubectl_ok("wait", "--for=condition=Established", "--timeout=60s", "-f", str(out))
+    cluster.apply_crds(p.read_text() for p in sorted(out.glob("*.yaml")))
     return out
 
 

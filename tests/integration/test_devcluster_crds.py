@@ -50,13 +50,8 @@ def applied_crds(cluster: ClusterHandle) -> list[dict[str, Any]]:
     docs = _crd_documents()
     kinds = {d["spec"]["names"]["kind"] for d in docs}
     assert kinds == KINDS, f"crds/ should hold the 7 Kueue kinds, holds {sorted(kinds)}"
-    for path in sorted(CRDS_DIR.glob("*.y*ml")):
-        # Server-side apply: CRDs exceed the client-side last-applied annotation limit.
-        cluster.kubectl_ok("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    names = [d["metadata"]["name"] for d in docs]
-    cluster.kubectl_ok(
-        "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names]
-    )
+    # Server-side apply: CRDs exceed the client-side last-applied annotation limit.
+    cluster.apply_crds(path.read_text() for path in sorted(CRDS_DIR.glob("*.y*ml")))
     return docs
 
 

@@ -269,8 +269,7 @@ def run(args: argparse.Namespace) -> int:
     crd_dir = DEMO_DIR / "crds"
     shutil.rmtree(crd_dir, ignore_errors=True)
     write_crds(crd_dir)
-    cluster.kubectl_ok("apply", "--server-side", "--force-conflicts", "-f", str(crd_dir))
-    cluster.kubectl_ok("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd_dir))
+    cluster.apply_crds(path.read_text() for path in sorted(crd_dir.glob("*.yaml")))
 
     print("-- 3/5 operator")
     _stop_previous_operator()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from phalanx.devcluster import cluster, pins
 
@@ -57,3 +62,39 @@ class ClusterHandle:
                 f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
             )
         return proc.stdout
+
+    def apply_crds(self, texts: Iterable[str]) -> list[str]:
+        """Server-side apply CRD documents (YAML texts), wait until they are Established, and
+        return their names.
+
+        A CRD whose conversion webhook an operator on this machine points at its loopback URL
+        keeps that client config: the generated CRDs name the in-cluster Service instead, and a
+        client config with both a url and a service is invalid (the whole apply would fail).
+        """
+        docs = [d for text in texts for d in yaml.safe_load_all(text) if d]
+        names = [str(d["metadata"]["name"]) for d in docs]
+        live = json.loads(
+            self.kubectl_ok("get", "crd", *names, "--ignore-not-found", "-o", "json") or "{}"
+        )
+        by_name = {item["metadata"]["name"]: item for item in live.get("items") or ()}
+        for doc in docs:
+            _keep_conversion_url(doc, by_name.get(doc["metadata"]["name"]))
+        self.kubectl_ok(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(docs, sort_keys=False),
+        )
+        self.kubectl_ok(
+            "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names]
+        )
+        return names
+
+
+def _keep_conversion_url(doc: dict[str, Any], live: dict[str, Any] | None) -> None:
+    wanted = ((doc.get("spec") or {}).get("conversion") or {}).get("webhook")
+    current = (((live or {}).get("spec") or {}).get("conversion") or {}).get("webhook") or {}
+    if wanted and "url" in (current.get("clientConfig") or {}):
+        wanted["clientConfig"] = dict(current["clientConfig"])
