@@ -1,4 +1,4 @@
-"""The ClusterRole in manifests/operator/rbac.yaml is enough: the operator, authenticated as
+"""The ClusterRole in manifests/base/rbac.yaml is enough: the operator, authenticated as
 its ServiceAccount's token (RBAC on), runs a queued Job from submission to finish and is
 refused nothing."""
 
@@ -31,7 +31,7 @@ from phalanx.devcluster.handle import ClusterHandle
 pytestmark = pytest.mark.integration
 
 POOL = "phx-rbac"
-MANIFESTS = REPO / "manifests" / "operator"
+MANIFESTS = REPO / "manifests" / "base"
 
 
 def _service_account_kubeconfig(cluster: ClusterHandle, path: Path) -> None:

@@ -1,6 +1,8 @@
-"""The shipped manifests parse, run a leader-elected pair of replicas, and grant the operator
-what it uses and no more where that is easy to check: the Lease verbs the elector really
-sends, and webhook-configuration writes limited to the one configuration kopf manages."""
+"""The shipped manifests parse, run a leader-elected pair of replicas, grant the operator what
+it uses and no more where that is easy to check (the Lease verbs the elector really sends,
+webhook-configuration writes limited to the one configuration kopf manages), and ship the
+webhook configurations the operator registers, fail closed. How the kustomize tree and the
+Helm chart render is tests/unit/install/."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from phalanx.operator.leader import LeaderElectionConfig, LeaderElector
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "manifests"
-OPERATOR = MANIFESTS / "operator"
+# What manifests/default applies, less the CRDs: its two bases' object files.
+OPERATOR_DIRS = (MANIFESTS / "base", MANIFESTS / "controller")
 WEBHOOK_CONFIGURATIONS = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
 HTTP_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
@@ -27,7 +30,13 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 
 
 def _operator_objects() -> list[dict[str, Any]]:
-    return [doc for path in sorted(OPERATOR.glob("*.yaml")) for doc in _documents(path)]
+    return [
+        doc
+        for folder in OPERATOR_DIRS
+        for path in sorted(folder.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in _documents(path)
+    ]
 
 
 def _one(kind: str, name: str | None = None) -> dict[str, Any]:
@@ -36,7 +45,7 @@ def _one(kind: str, name: str | None = None) -> dict[str, Any]:
         for o in _operator_objects()
         if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
     ]
-    assert len(found) == 1, f"expected one {kind} {name or ''} in manifests/operator, got {found}"
+    assert len(found) == 1, f"expected one {kind} {name or ''} in manifests/, got {found}"
     return found[0]
 
 
@@ -237,3 +246,124 @@ def test_no_rule_uses_wildcards():
         for _, rule in _rules(kind):
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[key], (kind, rule)
+
+
+# -- the Deployment's pods ------------------------------------------------------------------------
+
+
+def test_the_pods_run_locked_down_with_probes_on_the_health_endpoint():
+    deployment = _one("Deployment", "phalanx")
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
+    assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
+    health = _arg(container, "--liveness-port")
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert health and ports["health"] == int(health)
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+
+
+def test_the_deployment_reads_the_phalanx_config_configmap():
+    deployment = _one("Deployment", "phalanx")
+    container = _container(deployment)
+    config = _arg(container, "--config")
+    assert config
+    mount = next(m for m in container["volumeMounts"] if config.startswith(m["mountPath"] + "/"))
+    volume = next(
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    )
+    configmap = _one("ConfigMap", volume["configMap"]["name"])
+    assert configmap["metadata"]["name"] == "phalanx-config"
+    assert config.rsplit("/", 1)[1] in configmap["data"]
+
+
+def test_metrics_have_a_service_of_their_own():
+    webhook = _one("Service", "phalanx-webhook")
+    metrics = _one("Service", "phalanx-metrics")
+    assert [p["name"] for p in webhook["spec"]["ports"]] == ["webhook"]
+    assert [p["name"] for p in metrics["spec"]["ports"]] == ["metrics"]
+
+
+# -- webhook configurations -----------------------------------------------------------------------
+
+
+def _registered_webhooks() -> dict[str, list[dict[str, Any]]]:
+    """What kopf would write into the two configurations for the operator's handlers, behind
+    the manifests' Service: built with kopf's own builder from the operator's registry."""
+    import kopf
+    from kopf._cogs.structs import references
+    from kopf._core.engines.admission import build_webhooks
+    from kopf._core.intents.causes import WebhookType
+
+    from phalanx.operator.webhooks import KUEUE_KINDS, register_webhooks
+
+    registry = kopf.OperatorRegistry()
+    register_webhooks(registry, validator=lambda obj: [], persistent=True)
+    resources = [
+        references.Resource("batch", "v1", "jobs", kind="Job", namespaced=True),
+        *(
+            references.Resource("kueue.x-k8s.io", "v1beta2", plural, kind=kind, namespaced=True)
+            for plural, kind in KUEUE_KINDS
+        ),
+    ]
+    service = {"service": {"name": "phalanx-webhook", "namespace": "phalanx-system", "port": 443}}
+    built: dict[str, list[dict[str, Any]]] = {}
+    for reason, kind in (
+        (WebhookType.MUTATING, "MutatingWebhookConfiguration"),
+        (WebhookType.VALIDATING, "ValidatingWebhookConfiguration"),
+    ):
+        handlers = [h for h in registry._webhooks.get_all_handlers() if h.reason == reason]
+        built[kind] = build_webhooks(
+            handlers,
+            resources=resources,
+            name_suffix=WebhookConfig().configuration_name,
+            client_config=cast(Any, service),
+        )
+    return built
+
+
+def _essentials(webhook: dict[str, Any]) -> dict[str, Any]:
+    rules = [
+        {key: sorted(rule[key]) for key in ("apiGroups", "apiVersions", "resources", "operations")}
+        for rule in webhook["rules"]
+    ]
+    return {
+        "name": webhook["name"],
+        "clientConfig": webhook["clientConfig"],
+        "rules": rules,
+        "objectSelector": webhook.get("objectSelector"),
+        "sideEffects": webhook["sideEffects"],
+    }
+
+
+@pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
+def test_the_shipped_webhook_configurations_are_the_operators_own(kind: str):
+    shipped = _one(kind, WebhookConfig().configuration_name)["webhooks"]
+    registered = _registered_webhooks()[kind]
+    assert sorted((_essentials(w) for w in shipped), key=lambda w: w["name"]) == sorted(
+        (_essentials(w) for w in registered), key=lambda w: w["name"]
+    )
+
+
+@pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
+def test_every_shipped_webhook_fails_closed_quickly_outside_system_namespaces(kind: str):
+    namespace = _one("Deployment", "phalanx")["metadata"]["namespace"]
+    for webhook in _one(kind, WebhookConfig().configuration_name)["webhooks"]:
+        assert webhook["failurePolicy"] == "Fail", webhook["name"]
+        assert 1 <= webhook["timeoutSeconds"] <= 10, webhook["name"]
+        assert webhook["namespaceSelector"] == {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system", namespace],
+                }
+            ]
+        }, webhook["name"]
