@@ -8,13 +8,18 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phalanx.operator.config import WaitForPodsReady
+    from phalanx.operator.configfile import ConfigFile
 
 __all__ = [
     "SERVICE_ACCOUNT_TOKEN",
     "leader_election_default",
     "leader_election_enabled",
     "register",
+    "wait_for_pods_ready",
 ]
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -50,6 +55,14 @@ def register(subparsers: Any) -> None:
             "come from --kubeconfig, $KUBECONFIG, the in-cluster service account or "
             "~/.kube/config, in that order."
         ),
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="a Kueue Configuration (config.kueue.x-k8s.io): waitForPodsReady, fairSharing, "
+        "integrations, managedJobsNamespaceSelector (the phalanx-config ConfigMap of the "
+        "manifests); flags given explicitly win over it",
     )
     parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
     parser.add_argument("--context", help="kubeconfig context (default: current-context)")
@@ -106,14 +119,15 @@ def register(subparsers: Any) -> None:
         "--wait-for-pods-ready",
         type=float,
         metavar="SECONDS",
-        default=0,
-        help="evict and requeue admitted workloads whose pods are not ready in time (off)",
+        default=None,
+        help="evict and requeue admitted workloads whose pods are not ready in time; "
+        "0 turns it off (off)",
     )
     parser.add_argument(
         "--requeue-backoff-base",
         type=float,
         metavar="SECONDS",
-        default=60.0,
+        default=None,
         help="first requeue delay after a PodsReady timeout; doubles each time (60)",
     )
     election = parser.add_argument_group(
@@ -162,13 +176,27 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: kopf is heavy, and other subcommands should not pay for it.
+    from phalanx.operator import configfile
     from phalanx.operator.app import run as run_operator
-    from phalanx.operator.config import OperatorConfig, WaitForPodsReady, WebhookConfig
+    from phalanx.operator.config import OperatorConfig, WebhookConfig
+    from phalanx.operator.configfile import ConfigFile
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
+    settings = ConfigFile()
+    if args.config is not None:
+        try:
+            settings = configfile.load(args.config)
+        except configfile.ConfigFileError as error:
+            print(f"error: --config: {error}", file=sys.stderr)
+            return 2
+        logging.getLogger(__name__).info(
+            "event=config_loaded path=%s set_by_flags_instead=%s",
+            args.config,
+            ",".join(settings.ignored) or "-",
+        )
     webhook = WebhookConfig(
         enabled=not args.no_webhooks,
         listen_addr=args.webhook_listen,
@@ -212,14 +240,46 @@ def run(args: argparse.Namespace) -> int:
         liveness_port=args.liveness_port or None,
         liveness_stall_seconds=args.liveness_stall_seconds,
         webhook=webhook,
-        wait_for_pods_ready=WaitForPodsReady(
-            enabled=args.wait_for_pods_ready > 0,
-            timeout_seconds=args.wait_for_pods_ready or 300.0,
-            backoff_base_seconds=args.requeue_backoff_base,
-        ),
+        wait_for_pods_ready=wait_for_pods_ready(args, settings),
+        fair_sharing=bool(settings.fair_sharing and settings.fair_sharing.enabled),
+        managed_jobs_namespace_selector=settings.managed_jobs_namespace_selector,
         leader_election=leader_election,
+        **(
+            {"fair_sharing_strategies": settings.fair_sharing.preemption_strategies}
+            if settings.fair_sharing
+            else {}
+        ),
     )
     return run_operator(config)
+
+
+def wait_for_pods_ready(args: argparse.Namespace, settings: ConfigFile) -> WaitForPodsReady:
+    """Kueue's ``waitForPodsReady``: a flag given on the command line, else the ``--config``
+    file, else the default (off; 300 s timeout; backoff 60 s doubling up to 3600 s)."""
+    from phalanx.operator.config import WaitForPodsReady
+
+    default = WaitForPodsReady()
+    enabled = (
+        default.enabled if settings.wait_for_pods_ready is None else settings.wait_for_pods_ready
+    )
+    timeout = settings.pods_ready_timeout_seconds or default.timeout_seconds
+    if args.wait_for_pods_ready is not None:
+        enabled = args.wait_for_pods_ready > 0
+        timeout = args.wait_for_pods_ready or timeout
+    base = settings.backoff_base_seconds
+    if args.requeue_backoff_base is not None:
+        base = args.requeue_backoff_base
+    return WaitForPodsReady(
+        enabled=enabled,
+        timeout_seconds=timeout,
+        backoff_base_seconds=default.backoff_base_seconds if base is None else base,
+        backoff_max_seconds=(
+            default.backoff_max_seconds
+            if settings.backoff_max_seconds is None
+            else settings.backoff_max_seconds
+        ),
+        backoff_limit_count=settings.backoff_limit_count,
+    )
 
 
 def leader_election_enabled(

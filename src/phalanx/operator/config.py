@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from phalanx.operator.leader import LeaderElectionConfig
 
@@ -61,6 +63,15 @@ class OperatorConfig:
     """A pending Workload's explanation is rewritten at most this often (and only on change)."""
     cycle_min_interval: float = 0.05
     """Coalescing window: events arriving within it share one scheduling cycle."""
+    fair_sharing: bool = False
+    """Kueue's ``fairSharing.enable``: order and preempt by the ClusterQueues' weighted share."""
+    fair_sharing_strategies: tuple[str, ...] = (
+        "LessThanOrEqualToFinalShare",
+        "LessThanInitialShare",
+    )
+    """Kueue's ``fairSharing.preemptionStrategies``, in order."""
+    managed_jobs_namespace_selector: Mapping[str, Any] | None = None
+    """Kueue's ``managedJobsNamespaceSelector``, as read from ``--config`` (see configfile)."""
     leader_election: LeaderElectionConfig | None = None
     """With leader election, only the replica holding the Lease schedules and writes."""
     liveness_stall_seconds: float = 20.0

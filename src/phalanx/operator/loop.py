@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phalanx.admission.decisions import Admit, CycleResult, PendingReason
+from phalanx.admission.preemption import FairSharingStrategy
 from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 from phalanx.api import convert
@@ -88,6 +89,10 @@ class SchedulingLoop:
         pods_ready = config.wait_for_pods_ready
         self.scheduler = Scheduler(
             config=SchedulerConfig(
+                fair_sharing=config.fair_sharing,
+                fair_sharing_strategies=tuple(
+                    FairSharingStrategy(name) for name in config.fair_sharing_strategies
+                ),
                 backoff_base_ms=int(pods_ready.backoff_base_seconds * 1000),
                 backoff_max_ms=int(pods_ready.backoff_max_seconds * 1000),
             ),
