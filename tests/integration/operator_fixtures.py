@@ -99,6 +99,7 @@ def start_operator(
         "operator",
         f"--kubeconfig={cluster.kubeconfig}",
         f"--metrics-port={metrics_port}",
+        "--metrics-secure=false",  # plain HTTP on loopback: scraped without a token
         f"--webhook-port={free_port()}",
         f"--webhook-cert-dir={workdir / 'webhook-certs'}",
         *extra,

@@ -247,6 +247,7 @@ def start_operator(
         "operator",
         f"--kubeconfig={kubeconfig}",
         f"--metrics-port={port}",
+        "--metrics-secure=false",  # plain HTTP on loopback: scraped without a token
         f"--webhook-port={webhook_port or free_port()}",
         f"--webhook-cert-dir={workdir / 'webhook-certs'}",
         *extra,

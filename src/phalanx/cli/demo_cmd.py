@@ -205,6 +205,7 @@ def _start_operator(kubeconfig: Path) -> tuple[subprocess.Popen[bytes], Path, in
         "operator",
         f"--kubeconfig={kubeconfig}",
         f"--metrics-port={metrics_port}",
+        "--metrics-secure=false",  # plain HTTP on loopback: scraped without a token
         f"--webhook-port={9443 if _port_free(9443) else _free_port()}",
         f"--webhook-cert-dir={DEMO_DIR / 'webhook-certs'}",
     ]

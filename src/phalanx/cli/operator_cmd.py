@@ -24,6 +24,18 @@ __all__ = [
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 """The token kubelet mounts into a pod; ``phalanx.operator.kubeconfig.load`` looks for it too."""
+SERVICE_ACCOUNT_DIR_ENV = "PHALANX_SERVICE_ACCOUNT_DIR"
+"""Replaces the token's folder, as in ``phalanx.operator.kubeconfig``."""
+
+
+def _boolean(value: str) -> bool:
+    """``--flag=true|false`` as controller-runtime's flags read (Kueue's manifests use them)."""
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not true or false")
 
 
 def leader_election_default(
@@ -41,7 +53,10 @@ def leader_election_default(
     """
     if kubeconfig is not None or env.get("KUBECONFIG"):
         return False
-    token = SERVICE_ACCOUNT_TOKEN if token_path is None else token_path
+    if token_path is None:
+        folder = env.get(SERVICE_ACCOUNT_DIR_ENV)
+        token_path = Path(folder) / "token" if folder else SERVICE_ACCOUNT_TOKEN
+    token = token_path
     return bool(env.get("KUBERNETES_SERVICE_HOST")) and token.exists()
 
 
@@ -75,9 +90,59 @@ def register(subparsers: Any) -> None:
         help="manage Jobs/Workloads only in this namespace (repeatable; default: all)",
     )
     parser.add_argument(
-        "--metrics-port", type=int, default=8080, help="Prometheus port; 0 disables (8080)"
+        "--metrics-port",
+        type=int,
+        default=8443,
+        help="port of /metrics, HTTPS with token authentication; 0 disables (8443)",
     )
-    parser.add_argument("--liveness-port", type=int, default=0, help="kopf /healthz port (off)")
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="ADDRESS",
+        help="address of the metrics server (0.0.0.0; 127.0.0.1 with --metrics-secure=false)",
+    )
+    parser.add_argument(
+        "--metrics-secure",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="true|false",
+        help="serve /metrics over HTTPS to callers whose token may get /metrics (TokenReview, "
+        "SubjectAccessReview); false: plain HTTP without authentication, loopback only (true)",
+    )
+    parser.add_argument(
+        "--metrics-cert-dir",
+        type=Path,
+        metavar="DIR",
+        help="tls.crt and tls.key for /metrics, re-read when they change (default: the "
+        "webhook certificate)",
+    )
+    parser.add_argument(
+        "--metrics-auth-cache-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="reuse a scrape token's review for this long (30)",
+    )
+    parser.add_argument(
+        "--health-probe-port",
+        "--liveness-port",
+        dest="liveness_port",
+        type=int,
+        default=0,
+        help="plain-HTTP port of /healthz and /readyz (off)",
+    )
+    parser.add_argument(
+        "--health-probe-listen", default="0.0.0.0", metavar="ADDRESS", help="(0.0.0.0)"
+    )
+    parser.add_argument(
+        "--cert-check-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how often self-managed certificates are renewed when due and mounted ones "
+        "re-read (60)",
+    )
     parser.add_argument(
         "--liveness-stall-seconds",
         type=float,
@@ -237,7 +302,13 @@ def run(args: argparse.Namespace) -> int:
         context=args.context,
         namespaces=tuple(args.namespaces),
         metrics_port=args.metrics_port or None,
+        metrics_addr=args.metrics_listen or ("0.0.0.0" if args.metrics_secure else "127.0.0.1"),
+        metrics_secure=args.metrics_secure,
+        metrics_cert_dir=args.metrics_cert_dir,
+        metrics_auth_ttl=args.metrics_auth_cache_seconds,
         liveness_port=args.liveness_port or None,
+        health_addr=args.health_probe_listen,
+        cert_check_seconds=args.cert_check_seconds,
         liveness_stall_seconds=args.liveness_stall_seconds,
         webhook=webhook,
         wait_for_pods_ready=wait_for_pods_ready(args, settings),

@@ -1,14 +1,15 @@
 """The kopf application: registry, settings and the embedded run.
 
-kopf runs the process (startup/shutdown, webhooks, probes, logging). Every kind the scheduler
+kopf runs the process (startup/shutdown, login, webhooks, logging). Every kind the scheduler
 reads, admin kinds included, is ingested by Phalanx's own list/watch informers
 (:mod:`phalanx.operator.informer`, started in ``on.startup``): kopf's watch sends no DELETED
 for an object removed while it was disconnected, an informer's relist does. kopf handles no
 object, so it writes nothing (no finalizers, no annotations) onto users' objects.
 
-The liveness endpoint (``--liveness-port``, ``/healthz``) answers 500 when a probe fails: the
-scheduling loop completed no cycle for ``liveness_stall_seconds``. A crashed long-running task
-stops the operator, and :func:`run` returns 1.
+The probes (``/healthz``, ``/readyz``) and ``/metrics`` are Phalanx's own servers
+(:mod:`phalanx.operator.serving`): ``/healthz`` answers 500 when the scheduling loop completed
+no cycle for ``liveness_stall_seconds``. A crashed long-running task stops the operator, and
+:func:`run` returns 1.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import kopf
 
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
-from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator, SchedulerStalled
+from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator
 from phalanx.operator.webhooks import register_webhooks, webhook_server
 
 __all__ = ["build_registry", "build_settings", "run", "tune_gc"]
@@ -65,19 +66,30 @@ def build_settings(
 def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
+    issued: list[str | None] = []
+
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         # kopf and Phalanx's own client must use the same credentials: resolve them once.
+        # kopf logs in again when what it has expires or is refused (401), and never takes a
+        # refused token back: drop the one it has, so an exec plugin runs again and a token
+        # file is re-read. (A sync handler: kopf runs it in a thread, so a plugin may block.)
         auth = op.auth
+        if issued:
+            auth.invalidate(issued[-1])
+        token = auth.bearer_token()
+        issued[:] = [token]
+        cert = auth.client_certificate()
         return kopf.ConnectionInfo(
             server=auth.server,
             ca_data=auth.ca_data,
             insecure=auth.insecure_skip_tls_verify,
-            certificate_data=auth.client_cert_data,
-            private_key_data=auth.client_key_data,
-            scheme="Bearer" if auth.bearer_token() else None,
-            token=auth.bearer_token(),
+            certificate_data=cert[0] if cert else None,
+            private_key_data=cert[1] if cert else None,
+            scheme="Bearer" if token else None,
+            token=token,
             default_namespace=auth.default_namespace,
+            expiration=auth.expiration,
         )
 
     @kopf.on.startup(registry=registry)
@@ -87,19 +99,6 @@ def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         await op.cleanup()
-
-    @kopf.on.probe(id="informers_synced", registry=registry)
-    def informers_synced(**_: Any) -> bool:
-        return op.synced
-
-    # PERMANENT: kopf retries a probe that raises an ordinary error (holding the request
-    # open); a permanent failure ends the probe at once and /healthz answers 500.
-    @kopf.on.probe(id="scheduler", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
-    def scheduler(**_: Any) -> dict[str, Any]:
-        try:
-            return op.liveness()
-        except SchedulerStalled as error:
-            raise kopf.PermanentError(str(error)) from error
 
     if op.config.webhook.enabled:
         register_webhooks(
@@ -124,7 +123,6 @@ def run(config: OperatorConfig) -> int:
     # kopf installs its own SIGINT/SIGTERM handlers (main thread) and shuts down cleanly.
     # A threading.Event stop flag would leave an executor thread blocked in wait(), which
     # asyncio.run then joins forever.
-    liveness = f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
     try:
         asyncio.run(
             kopf.operator(
@@ -133,7 +131,6 @@ def run(config: OperatorConfig) -> int:
                 standalone=True,
                 clusterwide=not config.namespaces,
                 namespaces=list(config.namespaces),
-                liveness_endpoint=liveness,
                 stop_flag=op.stop_flag,
             )
         )
@@ -160,8 +157,6 @@ def tune_gc() -> None:
 def _quiet_kopf() -> None:
     """kopf logs a line per handled object at INFO; keep its warnings, drop the chatter."""
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # Every /healthz request runs the probes; a failing one still logs at ERROR.
-    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
     logging.getLogger("kopf._core.reactor.observation").setLevel(logging.WARNING)
     logging.getLogger("kopf._core.engines.peering").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

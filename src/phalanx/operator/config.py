@@ -51,9 +51,22 @@ class OperatorConfig:
     context: str | None = None
     namespaces: tuple[str, ...] = ()
     """Namespaces whose Jobs/Workloads are managed; empty means cluster-wide."""
-    metrics_port: int | None = 8080
+    metrics_port: int | None = 8443
     metrics_addr: str = "0.0.0.0"
+    metrics_secure: bool = True
+    """HTTPS, each scrape's token checked (TokenReview, SubjectAccessReview); off: plain HTTP
+    without authentication, on loopback only (local runs and tests)."""
+    metrics_cert_dir: Path | None = None
+    """``tls.crt``/``tls.key`` for the metrics server (re-read when they change); default: the
+    webhook's certificate folder."""
+    metrics_auth_ttl: float = 30.0
+    """How long a scrape token's review is reused (a refusal: a third of it, at most 10 s)."""
     liveness_port: int | None = None
+    """The probes' port (``/healthz``, ``/readyz``), plain HTTP."""
+    health_addr: str = "0.0.0.0"
+    cert_check_seconds: float = 60.0
+    """How often certificates are checked: a self-managed one renewed when due, mounted ones
+    re-read when their files change."""
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     wait_for_pods_ready: WaitForPodsReady = field(default_factory=WaitForPodsReady)
     manage_jobs: bool = True

@@ -216,14 +216,18 @@ class Informer:
 
     async def _get_json(self, params: dict[str, str]) -> dict[str, Any]:
         path = self.resource.path(namespace=self.namespace)
+        await self.api.fresh_credentials()
+        headers = self.api.headers()
         async with self.api.session.get(
             path,
             params=params,
-            headers=self.api.headers(),
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=120),
         ) as response:
             raw = await response.read()
             if response.status >= 400:
+                if response.status == 401:
+                    self.api.unauthorized(headers)  # the retry gets a fresh credential
                 raise _api_error(response, raw, path)
             body: dict[str, Any] = loads(raw)
             return body
@@ -286,10 +290,14 @@ class Informer:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=15, sock_read=self.watch_timeout + 60
         )
+        await self.api.fresh_credentials()
+        headers = self.api.headers()
         async with self.api.session.get(
-            path, params=params, headers=self.api.headers(), timeout=timeout
+            path, params=params, headers=headers, timeout=timeout
         ) as response:
             if response.status >= 400:
+                if response.status == 401:
+                    self.api.unauthorized(headers)  # the retry gets a fresh credential
                 raise _api_error(response, await response.read(), path)
             self._response = response
             self._interrupted = False

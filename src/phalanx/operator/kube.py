@@ -161,6 +161,18 @@ class KubeApi:
     async def close(self) -> None:
         await self._session.close()
 
+    async def fresh_credentials(self) -> None:
+        """Run an expired exec plugin in a worker thread, not on the event loop."""
+        if self.auth.refresh_due():
+            await asyncio.to_thread(self.auth.refresh)
+
+    def unauthorized(self, sent_headers: Mapping[str, str]) -> bool:
+        """The API server answered 401 to a request with ``sent_headers``: drop that
+        credential so the next request gets a new one. Returns whether one may come."""
+        sent = sent_headers.get("Authorization", "")
+        token = sent.removeprefix("Bearer ") if sent else None
+        return self.auth.invalidate(token)
+
     def headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", **self.auth.headers()}
         if extra:
@@ -178,37 +190,47 @@ class KubeApi:
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         data = None if body is None else dumps(body)
-        headers = self.headers({"Content-Type": content_type} if data is not None else None)
-        async with self._session.request(
-            method,
-            path,
-            params=params,
-            data=data,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as response:
-            raw = await response.read()
-            try:
-                parsed: Any = loads(raw) if raw else {}
-            except ValueError:
-                if response.status >= 400:
-                    raise ApiError(
-                        response.status,
-                        {"message": f"HTTP {response.status} with a non-JSON body"},
-                        method=method,
-                        path=path,
-                    ) from None
-                raise MalformedResponse(
-                    f"{method} {path}: HTTP {response.status} with a non-JSON body"
-                ) from None
-            if response.status >= 400:
+        for attempt in (1, 2):
+            await self.fresh_credentials()
+            headers = self.headers({"Content-Type": content_type} if data is not None else None)
+            async with self._session.request(
+                method,
+                path,
+                params=params,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                raw = await response.read()
+                status = response.status
+            # A 401 was never processed: safe to repeat once with a fresh credential (an
+            # expired exec token, a rotated token file), as client-go does.
+            if status != 401 or attempt == 2 or not self.unauthorized(headers):
+                break
+        return self._decode(method, path, status, raw)
+
+    def _decode(self, method: str, path: str, status: int, raw: bytes) -> dict[str, Any]:
+        try:
+            parsed: Any = loads(raw) if raw else {}
+        except ValueError:
+            if status >= 400:
                 raise ApiError(
-                    response.status,
-                    parsed if isinstance(parsed, dict) else None,
+                    status,
+                    {"message": f"HTTP {status} with a non-JSON body"},
                     method=method,
                     path=path,
-                )
-            return parsed if isinstance(parsed, dict) else {}
+                ) from None
+            raise MalformedResponse(
+                f"{method} {path}: HTTP {status} with a non-JSON body"
+            ) from None
+        if status >= 400:
+            raise ApiError(
+                status,
+                parsed if isinstance(parsed, dict) else None,
+                method=method,
+                path=path,
+            )
+        return parsed if isinstance(parsed, dict) else {}
 
     async def get(
         self, resource: Resource, name: str, *, namespace: str | None = None

@@ -3,7 +3,7 @@
 Kueue's own metric set is large; these are the ones an operator dashboard is built on, plus
 two of Phalanx's (cycle duration and API writes, the costs Phalanx is designed to keep low).
 Each :class:`Metrics` has its own registry so tests and several operators in one process do
-not collide.
+not collide. Served by :mod:`phalanx.operator.serving` (HTTPS, each scrape's token checked).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["Metrics"]
 
@@ -119,10 +119,6 @@ class Metrics:
             ["kind", "verb", "result"],
             registry=r,
         )
-
-    def serve(self, port: int, *, addr: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` from a daemon thread (scrapes never wait on the event loop)."""
-        start_http_server(port, addr=addr, registry=self.registry)
 
     # Helpers used by the operator, so label order lives in one place.
 

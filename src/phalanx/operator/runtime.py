@@ -37,6 +37,7 @@ from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.queuestatus import QueueStatus
+from phalanx.operator.serving import Endpoints
 from phalanx.operator.state import ClusterState
 from phalanx.operator.ungate import GateRemover
 from phalanx.operator.validation import validate_object
@@ -172,6 +173,7 @@ class PhalanxOperator:
         self.state = ClusterState()
         self.metrics = Metrics()
         self.api: KubeApi | None = None
+        self.endpoints: Endpoints | None = None
         self.informers: list[Informer] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._components: list[Any] = []
@@ -270,8 +272,16 @@ class PhalanxOperator:
             return
         self._started = True
         self.api = KubeApi(self.auth)
-        if self.config.metrics_port:
-            self.metrics.serve(self.config.metrics_port, addr=self.config.metrics_addr)
+        # Unfenced client: a standby must answer scrapes too (reviews are API writes).
+        self.endpoints = Endpoints(
+            self.config,
+            registry=self.metrics.registry,
+            api=self.api,
+            liveness=lambda: {"informers_synced": self.synced, "scheduler": self.liveness()},
+            ready=lambda: self.synced,
+        )
+        for name, upkeep in await self.endpoints.start():
+            self.spawn(upkeep, name=name)
         # -- leader election: scheduling components write through a fence that refuses any
         # write once this replica's tenure is over (checked when each request is sent).
         write_api: KubeApi = self.api
@@ -424,6 +434,9 @@ class PhalanxOperator:
             # re-raises here; it was logged when it crashed, and the client must still close.
             with contextlib.suppress(Exception):
                 await self.elector.stop()
+        if self.endpoints is not None:
+            with contextlib.suppress(Exception):
+                await self.endpoints.stop()
         if self.api is not None:
             await self.api.close()
         logger.info("event=operator_stopped fatal=%r", self.fatal)

@@ -416,6 +416,12 @@ class ScriptedApiServer:
     def headers(self) -> dict[str, str]:
         return {}
 
+    async def fresh_credentials(self) -> None:
+        pass
+
+    def unauthorized(self, sent_headers: dict[str, str]) -> bool:
+        return False
+
     async def close(self) -> None:
         pass
 

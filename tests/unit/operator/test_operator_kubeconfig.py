@@ -49,12 +49,6 @@ def test_files_are_relative_to_the_kubeconfig(tmp_path: Path) -> None:
     assert auth.headers() == {}
 
 
-def test_exec_plugins_are_refused_with_the_user_named(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"exec": {"command": "aws"}})
-    with pytest.raises(KubeconfigError, match=r"users\[u\].*exec"):
-        load_kubeconfig(path)
-
-
 def test_missing_context_is_named(tmp_path: Path) -> None:
     path = _write(tmp_path, {"token": "t"})
     with pytest.raises(KubeconfigError, match="'other'"):

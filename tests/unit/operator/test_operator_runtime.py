@@ -7,6 +7,7 @@ which is all these tests need of them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import urllib.error
@@ -15,10 +16,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 import yaml
-from kopf._core.engines.probing import health_reporter
 
 from phalanx.operator.app import build_registry
 from phalanx.operator.config import OperatorConfig, WebhookConfig
@@ -260,42 +259,36 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
         return error.code, {}
 
 
-def test_kopf_liveness_endpoint_answers_500_when_the_scheduler_stalls(
+def test_healthz_answers_500_when_the_scheduler_stalls_and_readyz_waits_for_sync(
     config: OperatorConfig, unused_port: int
 ) -> None:
-    # The probe's failure must reach the HTTP status (an ordinary exception would make kopf
-    # retry the probe, holding the request open, and a returned value always answers 200).
+    # The probes' own server (not kopf's): a stall reaches the HTTP status, and readiness
+    # means the informers have listed.
     clock = Clock()
+    config = dataclasses.replace(config, liveness_port=unused_port, health_addr="127.0.0.1")
 
     async def body(op: PhalanxOperator) -> None:
         op.heartbeat = Heartbeat(stall_seconds=20, clock=clock)
         op.heartbeat.arm()
+        base = f"http://127.0.0.1:{unused_port}"
+        status, payload = await asyncio.to_thread(_get, f"{base}/healthz")
+        assert status == 200 and payload["scheduler"]["scheduling"] is True
+        assert payload["informers_synced"] is False
         clock.now += 25
-        ready = asyncio.Event()
-        url = f"http://127.0.0.1:{unused_port}/healthz"
-        server = asyncio.create_task(
-            health_reporter(
-                url,
-                memo=kopf.Memo(),  # type: ignore[arg-type]
-                indices={},
-                registry=build_registry(op),
-                settings=kopf.OperatorSettings(),
-                ready_flag=ready,
-            )
-        )
-        try:
-            await asyncio.wait_for(ready.wait(), WAIT)
-            status, _ = await asyncio.to_thread(_get, url)
-            assert status == 500
-            op.heartbeat.beat()  # a failure is not cached: the next request probes again
-            status, payload = await asyncio.to_thread(_get, url)
-            assert status == 200 and payload["scheduler"]["scheduling"] is True
-        finally:
-            server.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await server
+        status, _ = await asyncio.to_thread(_get, f"{base}/healthz")
+        assert status == 500
+        op.heartbeat.beat()  # a failure is not cached: the next request probes again
+        status, _ = await asyncio.to_thread(_get, f"{base}/healthz")
+        assert status == 200
+        status, _ = await asyncio.to_thread(_get, f"{base}/readyz")
+        assert status == 503, "not ready before the informers have listed"
+        await _stop_informers(op)
+        for informer in op.informers:
+            informer.synced.set()
+        status, _ = await asyncio.to_thread(_get, f"{base}/readyz")
+        assert status == 200
 
-    _with_operator(config, body, start=False)
+    _with_operator(config, body)
 
 
 @pytest.fixture
