@@ -1,0 +1,97 @@
+"""Every command of docs/install.md runs: the ones that need no cluster as written, the ones
+that change a cluster as the rendering they would apply (``kubectl kustomize`` for ``kubectl
+apply/delete -k``, ``helm template`` for ``helm install/upgrade``); the devcluster overlay's
+apply runs for real in tests/integration/test_install_devcluster.py. A command this test does
+not know fails it, so the page cannot grow an unchecked one."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+from install_tools import MANIFESTS, REPO, helm, kubectl, objects, run
+
+from phalanx.operator import configfile
+
+DOC = REPO / "docs" / "install.md"
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+PHALANX = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "phalanx"
+
+
+def _blocks(language: str) -> list[str]:
+    return [body for lang, body in _FENCE.findall(DOC.read_text()) if lang == language]
+
+
+def _commands() -> list[list[str]]:
+    return [shlex.split(line) for block in _blocks("sh") for line in block.splitlines() if line]
+
+
+def _helm_template(argv: list[str]) -> None:
+    """``helm install|upgrade NAME CHART [flags]`` rendered with the same chart and values."""
+    name, chart, *flags = argv[2:]
+    flags = [f for f in flags if f != "--create-namespace"]
+    out = run(helm(), "template", name, chart, *flags)
+    assert any(o["kind"] == "Deployment" for o in objects(out))
+
+
+def test_every_command_of_the_page_runs(tmp_path: Path):
+    commands = _commands()
+    assert commands, "docs/install.md has no commands"
+    ran = 0
+    for argv in commands:
+        program, verb = argv[0], argv[1] if len(argv) > 1 else ""
+        if program == "phalanx":
+            run(PHALANX, *argv[1:], cwd=tmp_path)
+            assert {"ca.crt", "tls.crt", "tls.key"} <= {
+                p.name for p in (tmp_path / "certs").iterdir()
+            }
+        elif program == "kubectl" and "create" in argv and "--dry-run=client" in argv:
+            command = " ".join(shlex.quote(str(a)) for a in [kubectl(), *argv[1:]])
+            command = command.replace("'>'", ">")
+            subprocess.run(
+                command,
+                shell=True,
+                cwd=tmp_path,
+                check=True,
+                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            )
+            secret = yaml.safe_load((tmp_path / "webhook-certs.yaml").read_text())
+            assert secret["metadata"]["name"] == "phalanx-webhook-certs"
+            assert {"ca.crt", "tls.crt", "tls.key"} <= secret["data"].keys()
+        elif program == "kubectl" and verb in ("apply", "delete") and "-k" in argv:
+            folder = REPO / argv[argv.index("-k") + 1]
+            assert objects(run(kubectl(), "kustomize", folder)), folder
+        elif program == "kubectl" and verb == "kustomize":
+            assert objects(run(kubectl(), *argv[1:]))
+        elif program == "helm" and verb in ("install", "upgrade"):
+            _helm_template(argv)
+        elif program == "helm" and verb == "uninstall":
+            assert argv[2] == "phalanx" and "phalanx-system" in argv  # the release installed above
+        else:
+            raise AssertionError(f"docs/install.md: no check for {shlex.join(argv)}")
+        ran += 1
+    assert ran == len(commands)
+
+
+def test_the_overlay_example_renders_the_default_tree_with_every_component(tmp_path: Path):
+    (example,) = [b for b in _blocks("yaml") if "kind: Kustomization" in b]
+    shutil.copytree(MANIFESTS, tmp_path / "manifests")
+    shutil.copytree(REPO / "crds", tmp_path / "crds")
+    overlay = tmp_path / "manifests" / "overlays" / "production"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(example)
+    kinds = {o["kind"] for o in objects(run(kubectl(), "kustomize", overlay))}
+    assert {"Deployment", "ServiceMonitor", "NetworkPolicy", "Certificate"} <= kinds
+
+
+def test_the_configuration_shown_is_the_shipped_one():
+    (shown,) = [b for b in _blocks("yaml") if "kind: Configuration" in b]
+    configmap = yaml.safe_load((MANIFESTS / "base" / "config.yaml").read_text())
+    shipped = yaml.safe_load(configmap["data"]["controller_manager_config.yaml"])
+    assert yaml.safe_load(shown) == shipped
+    configfile.parse(yaml.safe_load(shown))
