@@ -195,15 +195,15 @@ def test_the_role_grants_the_lease_verbs_the_elector_uses_in_the_operator_namesp
         verb
         for rule_namespace, rule in _rules("Role")
         if rule_namespace == namespace
-        and "coordination.k8s.io" in rule["apiGroups"]
-        and "leases" in rule["resources"]
+        and "coordination.k8s.io" in rule.get("apiGroups", ())
+        and "leases" in rule.get("resources", ())
         and not rule.get("resourceNames")
         for verb in rule["verbs"]
     }
     assert needed <= granted, f"Role in {namespace} lacks {needed - granted} on leases"
     # Leases only in the operator's namespace, never cluster-wide.
     for _, rule in _rules("ClusterRole"):
-        assert "leases" not in rule["resources"], rule
+        assert "leases" not in rule.get("resources", ()), rule
     # The Role is bound to the Deployment's ServiceAccount, in that namespace.
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     binding = _one("RoleBinding")
@@ -225,8 +225,8 @@ def test_webhook_configuration_writes_are_limited_to_the_operators_own():
         rule
         for kind in ("ClusterRole", "Role")
         for _, rule in _rules(kind)
-        if "admissionregistration.k8s.io" in rule["apiGroups"]
-        and WEBHOOK_CONFIGURATIONS & set(rule["resources"])
+        if "admissionregistration.k8s.io" in rule.get("apiGroups", ())
+        and WEBHOOK_CONFIGURATIONS & set(rule.get("resources", ()))
     ]
     assert rules, "no rule lets kopf manage the webhook configurations"
     for rule in rules:
@@ -244,8 +244,8 @@ def test_webhook_configuration_writes_are_limited_to_the_operators_own():
 def test_no_rule_uses_wildcards():
     for kind in ("ClusterRole", "Role"):
         for _, rule in _rules(kind):
-            for key in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[key], (kind, rule)
+            for key in ("apiGroups", "resources", "nonResourceURLs", "verbs"):
+                assert "*" not in rule.get(key, ()), (kind, rule)
 
 
 # -- the Deployment's pods ------------------------------------------------------------------------
