@@ -6,11 +6,11 @@ not know fails it, so the page cannot grow an unchecked one."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -20,7 +20,7 @@ from phalanx.operator import configfile
 
 DOC = REPO / "docs" / "install.md"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-PHALANX = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "phalanx"
+PHALANX = Path(sys.executable).parent / "phalanx"  # the console script of this environment
 
 
 def _blocks(language: str) -> list[str]:
