@@ -263,11 +263,11 @@ def test_the_pods_run_locked_down_with_probes_on_the_health_endpoint():
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
     assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
-    health = _arg(container, "--liveness-port")
+    health = _arg(container, "--health-probe-port")
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert health and ports["health"] == int(health)
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
 
 
 def test_the_deployment_reads_the_phalanx_config_configmap():
