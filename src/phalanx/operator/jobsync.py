@@ -254,7 +254,11 @@ class JobController:
         if cond.is_true(conditions, cond.FINISHED):
             return
         if jobs.job_finishing(job):
-            return  # its end is decided: Complete or Failed follows, nothing to change
+            # Its end is decided: Complete or Failed follows, nothing to change, unless its
+            # startTime is gone (see _repair_start_time).
+            if not (job.get("status") or {}).get("startTime"):
+                await self._repair_start_time(job_key, job)
+            return
         admitted = cond.is_true(conditions, cond.ADMITTED) and status.get("admission")
         evicted = cond.is_true(conditions, cond.EVICTED)
         if admitted and not evicted:
@@ -422,6 +426,36 @@ class JobController:
         self.metrics.api_write("Job", "status", ok=True)
         self.state.apply("Job", "MODIFIED", updated)
         return False  # the next pass writes the template, from the Job as it is now
+
+    async def _repair_start_time(self, job_key: str, job: dict[str, Any]) -> None:
+        """Give an ending Job without ``startTime`` one back, so the Job controller can mark
+        it Complete or Failed (the API server refuses either without one).
+
+        :meth:`_template_mutable` clears ``startTime`` only when nothing in the Job's status
+        says it could still finish, but a pod's success the Job controller had not counted
+        yet is not in that status: it then decides the end (``SuccessCriteriaMet``) after the
+        clear. A suspended Job may get a ``startTime`` again; its creation time keeps
+        ``completionTime`` after it.
+        """
+        metadata = job["metadata"]
+        body: dict[str, Any] = {"status": {"startTime": metadata.get("creationTimestamp")}}
+        if metadata.get("resourceVersion"):
+            body["metadata"] = {"resourceVersion": metadata["resourceVersion"]}
+        if not metadata.get("creationTimestamp"):
+            return
+        try:
+            updated = await self.api.patch(
+                JOBS, metadata["name"], body, namespace=metadata["namespace"], subresource="status"
+            )
+        except ApiError as error:
+            self.metrics.api_write("Job", "status", ok=False)
+            if error.conflict or error.not_found:
+                return  # changed since read (its event queues it again), or gone
+            logger.warning("event=job_status_failed job=%s error=%r", job_key, str(error))
+            raise RetryLater(str(error)) from error
+        self.metrics.api_write("Job", "status", ok=True)
+        self.state.apply("Job", "MODIFIED", updated)
+        logger.info("event=job_start_time_restored job=%s", job_key)
 
     async def _restore_template(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
         pod_sets = (workload.get("spec") or {}).get("podSets") or []

@@ -377,3 +377,31 @@ def test_an_invalid_min_parallelism_is_told_on_the_job_without_a_traceback() -> 
         assert "kueue.x-k8s.io/job-min-parallelism" in event["message"]
 
     asyncio.run(main())
+
+
+def test_an_ending_job_whose_start_time_was_cleared_gets_it_back() -> None:
+    async def main() -> None:
+        h = Harness()
+        job = h.api.job()
+        job["metadata"]["creationTimestamp"] = "2026-12-03T09:59:00Z"
+        h.state.apply("Job", "MODIFIED", h.api._bump(job))
+        await h.reconcile()
+        h.admit()
+        await h.reconcile()
+        h.job_controller_writes(startTime=START, active=2)
+        h.evict()
+        await h.reconcile()
+        h.job_controller_writes(active=0, conditions=[SUSPENDED])
+        await h.reconcile()  # nothing in the status says a pod succeeded: cleared
+        assert "startTime" not in h.api.job()["status"]
+        # The Job controller counts a success it had not seen: the end is decided, and
+        # Complete would be refused without a startTime.
+        h.job_controller_writes(
+            succeeded=2, conditions=[SUSPENDED, {"type": "SuccessCriteriaMet", "status": "True"}]
+        )
+        await h.reconcile()
+        assert h.api.job()["status"]["startTime"] == "2026-12-03T09:59:00Z"
+        await h.reconcile()  # nothing more to do until Complete
+        assert h.api.job()["spec"]["suspend"] is True
+
+    asyncio.run(main())
