@@ -483,15 +483,15 @@ class JobBurst:
         c.kubectl(
             "delete", "namespace", self.namespace, "--ignore-not-found", "--wait=true", timeout=300
         )
+        # Only a running operator removes the resource-in-use finalizer; none runs now.
+        unfinalize = '{"metadata":{"finalizers":null}}'
         for cq in self.queues:
             c.kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
-            # Only a running operator removes the resource-in-use finalizer; none runs now.
-            unfinalize = '{"metadata":{"finalizers":null}}'
             c.kubectl("patch", "clusterqueue", cq, "--type=merge", "-p", unfinalize)
             c.kubectl("wait", "--for=delete", f"clusterqueue/{cq}", "--timeout=60s")
-        c.kubectl(
-            "delete", "resourceflavor", f"{self.prefix}-gpu", "--ignore-not-found", "--wait=false"
-        )
+        flavor = f"{self.prefix}-gpu"
+        c.kubectl("delete", "resourceflavor", flavor, "--ignore-not-found", "--wait=false")
+        c.kubectl("patch", "resourceflavor", flavor, "--type=merge", "-p", unfinalize)
 
 
 def wait_admissions(watch: InvariantWatch, count: int, *, timeout: float = 180.0) -> int:

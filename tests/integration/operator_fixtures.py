@@ -419,12 +419,12 @@ def gpu_usage(cluster: ClusterHandle, cq: str) -> tuple[str, int]:
 
 
 def delete_cluster_objects(cluster: ClusterHandle, *refs: str) -> None:
-    """Delete cluster-scoped test objects. A ClusterQueue carries Phalanx's resource-in-use
-    finalizer, which only a running operator removes: the test's cleanup strips it, as an
-    admin would after uninstalling, so no ClusterQueue lingers terminating."""
+    """Delete cluster-scoped test objects. ClusterQueues and ResourceFlavors carry Phalanx's
+    resource-in-use finalizer, which only a running operator removes: the test's cleanup
+    strips it, as an admin would after uninstalling, so none lingers terminating."""
     for ref in refs:
         cluster.kubectl("delete", ref, "--ignore-not-found", "--wait=false")
-        if ref.startswith("clusterqueue"):
+        if ref.startswith(("clusterqueue", "resourceflavor")):
             cluster.kubectl("patch", ref, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
 
 

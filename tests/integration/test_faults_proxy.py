@@ -471,6 +471,14 @@ class NestedCohortBurst(JobBurst):
             "--wait=false",
         )
         c.kubectl("delete", "resourceflavor", self.flavor, "--ignore-not-found", "--wait=false")
+        c.kubectl(
+            "patch",
+            "resourceflavor",
+            self.flavor,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+        )
 
 
 def _job_of(workload_key: str) -> str:

@@ -185,7 +185,7 @@ class ScenarioObjects:
         async def delete(resource: Resource, name: str) -> None:
             with contextlib.suppress(ApiError):
                 await self.api.delete(resource, name)
-            if resource is CLUSTER_QUEUES:
+            if resource is CLUSTER_QUEUES or resource is FLAVORS:
                 # No operator of this run removes the resource-in-use finalizer yet.
                 with contextlib.suppress(ApiError):
                     await self.api.patch(name=name, resource=resource, patch=_UNFINALIZE)

@@ -37,7 +37,7 @@ from phalanx.operator.decision_status import (
     evicted_status,
     eviction_done_status,
 )
-from phalanx.operator.finalizers import ClusterQueueFinalizers
+from phalanx.operator.finalizers import ResourceInUseFinalizers
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi
 from phalanx.operator.metrics import Metrics
@@ -99,7 +99,7 @@ class SchedulingLoop:
             placement=self.oracle,
         )
         self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
-        self.finalizers = ClusterQueueFinalizers(api, state, spawn=self._spawn)
+        self.finalizers = ResourceInUseFinalizers(api, state, spawn=self._spawn)
         writer.pending_allowed = self._still_pending
         self.evicting: dict[str, Eviction] = {}
         self._failed: list[tuple[str, int]] = []

@@ -1,14 +1,23 @@
-"""The resource-in-use finalizer: added to live ClusterQueues, removed from a deleted one
-only once the core has let it go, and a deleted ClusterQueue stays terminating after a
-restart while restored Workloads hold its quota."""
+"""The resource-in-use finalizer: added to live ClusterQueues and ResourceFlavors, removed
+from a deleted ClusterQueue only once the core has let it go (a deleted ClusterQueue stays
+terminating after a restart while restored Workloads hold its quota), and from a deleted
+ResourceFlavor only once no ClusterQueue names it and no admitted Workload holds it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import pytest
 
 from phalanx.admission.scheduler import Scheduler
 from phalanx.operator.bridge import CoreBridge
-from phalanx.operator.finalizers import RESOURCE_IN_USE, ClusterQueueFinalizers, finalizer_patch
+from phalanx.operator.finalizers import (
+    RESOURCE_IN_USE,
+    ResourceInUseFinalizers,
+    finalizer_patch,
+    flavors_in_use,
+)
 from phalanx.operator.oracle import TopologyOracle
 from phalanx.operator.state import ClusterState
 
@@ -66,7 +75,7 @@ def test_reconcile_keeps_the_finalizer_while_the_core_holds_the_queue() -> None:
         spawned.append(coro)
         coro.close()
 
-    finalizers = ClusterQueueFinalizers(None, state, spawn=spawn)  # type: ignore[arg-type]
+    finalizers = ResourceInUseFinalizers(None, state, spawn=spawn)  # type: ignore[arg-type]
     finalizers.reconcile(in_core=lambda name: True)
     assert spawned == []
     finalizers.reconcile(in_core=lambda name: False)
@@ -138,3 +147,98 @@ def test_after_a_restart_a_deleted_queue_in_use_stays_terminating() -> None:
     state.apply("Workload", "DELETED", workload("held"))
     bridge.sync(state.drain(), now_ms=2)
     assert "cq" not in scheduler.queues
+
+
+# -- ResourceFlavors ------------------------------------------------------------------------------
+
+
+def flavor(name: str, *, deleting: bool = False) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "resourceVersion": "3"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        metadata["finalizers"] = [RESOURCE_IN_USE]
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": metadata}
+
+
+class RecordingApi:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str, list[dict[str, Any]]]] = []
+
+    async def patch(self, resource: Any, name: str, patch: Any, **_: Any) -> dict[str, Any]:
+        self.patches.append((resource.plural, name, patch))
+        return {}
+
+
+def finalizer_writes(state: ClusterState) -> list[tuple[str, str, str]]:
+    """(plural, name, add/remove) of the patches one reconcile pass sends."""
+    api = RecordingApi()
+    coros: list[Any] = []
+    ResourceInUseFinalizers(api, state, spawn=coros.append).reconcile(  # type: ignore[arg-type]
+        in_core=lambda name: True
+    )
+
+    async def run() -> None:
+        for coro in coros:
+            await coro
+
+    asyncio.run(run())
+    return [(plural, name, patch[-1]["op"]) for plural, name, patch in api.patches]
+
+
+def finished(wl: dict[str, Any]) -> dict[str, Any]:
+    wl["status"]["conditions"].append({"type": "Finished", "status": "True", "reason": "Succeeded"})
+    return wl
+
+
+@pytest.mark.parametrize(
+    ("objects", "writes"),
+    [
+        pytest.param([flavor("default")], [("resourceflavors", "default", "add")], id="live"),
+        pytest.param(
+            [flavor("default", deleting=True)],
+            [("resourceflavors", "default", "remove")],
+            id="deleted-unused",
+        ),
+        pytest.param(
+            [flavor("default", deleting=True), cluster_queue(finalizers=[RESOURCE_IN_USE])],
+            [],
+            id="deleted-named-by-a-cluster-queue",
+        ),
+        pytest.param(
+            [
+                flavor("default", deleting=True),
+                cluster_queue(deleting=True, finalizers=[RESOURCE_IN_USE]),
+            ],
+            [],
+            id="deleted-named-by-a-terminating-cluster-queue",
+        ),
+        pytest.param(
+            [flavor("default", deleting=True), workload("held")],
+            [],
+            id="deleted-held-by-an-admitted-workload",
+        ),
+        pytest.param(
+            [flavor("default", deleting=True), finished(workload("done"))],
+            [("resourceflavors", "default", "remove")],
+            id="deleted-a-finished-workload-does-not-hold",
+        ),
+        pytest.param(
+            [flavor("other", deleting=True), cluster_queue(finalizers=[RESOURCE_IN_USE])],
+            [("resourceflavors", "other", "remove")],
+            id="deleted-another-flavor-is-used",
+        ),
+    ],
+)
+def test_a_resource_flavor_keeps_the_finalizer_while_in_use(
+    objects: list[dict[str, Any]], writes: list[tuple[str, str, str]]
+) -> None:
+    state = ClusterState()
+    for obj in objects:
+        state.apply(obj["kind"], None, obj)
+    assert finalizer_writes(state) == writes
+
+
+def test_flavors_in_use_are_those_named_or_held() -> None:
+    assert flavors_in_use([cluster_queue()], []) == {"default"}
+    assert flavors_in_use([], [workload("held")]) == {"default"}
+    assert flavors_in_use([], [finished(workload("done"))]) == set()
