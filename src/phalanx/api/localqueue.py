@@ -14,6 +14,7 @@ from phalanx.api.fields import (
     NameReference,
     Quantity,
     ResourceName,
+    Time,
     list_map,
 )
 from phalanx.api.meta import Condition, ObjectMeta
@@ -56,10 +57,19 @@ class LocalQueueFlavorUsage(KueueModel):
     )
 
 
+class AdmissionFairSharingStatus(KueueModel):
+    """Resources a LocalQueue consumed, decayed (Kueue's admission fair sharing)."""
+
+    consumed_resources: dict[str, Quantity]
+    last_update: Time
+
+
 class LocalQueueFairSharingStatus(KueueModel):
     """Fair-sharing state of this queue within its ClusterQueue."""
 
     weighted_share: Int64
+    admission_fair_sharing_status: AdmissionFairSharingStatus | None = None
+    """Kueue's admission fair sharing: accepted, not written by Phalanx."""
 
 
 class LocalQueueStatus(KueueModel):

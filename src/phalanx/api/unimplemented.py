@@ -31,7 +31,7 @@ class UnimplementedField:
     model: type[KueueModel]
     field: str
     """Wire name of the field."""
-    json_type: Literal["object", "string", "integer"]
+    json_type: Literal["object", "string", "integer", "array"]
     """OpenAPI type, so the schema can hold (and then reject) the field."""
     feature: str
     """The Kueue feature it belongs to, as a user would search for it."""
@@ -52,6 +52,9 @@ class UnimplementedField:
         if self.json_type == "object":
             # Any content: it is rejected whole by the rule, never interpreted.
             schema["x-kubernetes-preserve-unknown-fields"] = True
+        elif self.json_type == "array":
+            schema["items"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            schema["x-kubernetes-list-type"] = "atomic"
         return schema
 
 
@@ -115,6 +118,18 @@ UNIMPLEMENTED_FIELDS: tuple[UnimplementedField, ...] = (
         field="podSetGroupName",
         json_type="string",
         feature="pod set groups",
+    ),
+    UnimplementedField(
+        model=PodSetTopologyRequest,
+        field="podsetSliceRequiredTopologyConstraints",
+        json_type="array",
+        feature="multi-level pod set slices",
+    ),
+    UnimplementedField(
+        model=WorkloadSpec,
+        field="preemptionGates",
+        json_type="array",
+        feature="preemption gates",
     ),
 )
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from phalanx.api.fields import (
+    FreeForm,
     Int32,
     KueueModel,
     NameReference,
@@ -19,13 +20,19 @@ from phalanx.api.meta import Condition
 
 __all__ = [
     "Admission",
+    "AdmissionCheckState",
     "PodSetAssignment",
     "PodSetRequest",
+    "PodSetUpdate",
+    "PreemptionGateState",
     "ReclaimablePod",
     "RequeueState",
+    "SchedulingStats",
+    "SchedulingStatsEviction",
     "TopologyAssignment",
     "TopologyAssignmentSlice",
     "TopologyAssignmentSliceLevelValues",
+    "UnhealthyNode",
     "WorkloadStatus",
 ]
 
@@ -94,6 +101,9 @@ class PodSetAssignment(KueueModel):
     """Pods counted at admission."""
     topology_assignment: TopologyAssignment | None = None
     """Domains the pods are placed in, for a flavor with a Topology."""
+    delayed_topology_request: Literal["Pending", "Ready"] | None = Field(default=None, max_length=7)
+    """Kueue's delayed topology assignment (with ProvisioningRequests): accepted, not
+    written by Phalanx, which places the pods when it admits."""
 
 
 class Admission(KueueModel):
@@ -128,6 +138,61 @@ class PodSetRequest(KueueModel):
     resources: dict[str, Quantity] | None = None
 
 
+class SchedulingStatsEviction(KueueModel):
+    """How many times the workload was evicted for one reason."""
+
+    reason: Annotated[str, Field(max_length=316)]
+    underlying_cause: Annotated[str, Field(max_length=316)]
+    """Kueue's cause of a deactivation; empty for Phalanx's evictions."""
+    count: Int32 = Field(ge=0)
+
+
+class SchedulingStats(KueueModel):
+    evictions: list[SchedulingStatsEviction] | None = Field(
+        default=None, max_length=256, json_schema_extra=list_map("reason", "underlyingCause")
+    )
+
+
+class UnhealthyNode(KueueModel):
+    """A node Kueue's failure recovery found unhealthy (accepted, not written by Phalanx)."""
+
+    name: Annotated[str, Field(max_length=63)]
+
+
+class PreemptionGateState(KueueModel):
+    """A preemption gate's position (accepted, not written by Phalanx)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    position: Literal["Closed", "Open"]
+    last_transition_time: Time
+
+
+class PodSetUpdate(KueueModel):
+    """What an admission check asks to add to a pod set's pods."""
+
+    name: PodSetName
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[FreeForm] | None = Field(
+        default=None, max_length=8, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+
+
+class AdmissionCheckState(KueueModel):
+    """The state of one admission check (accepted, not written by Phalanx)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=316)]
+    state: Literal["Pending", "Ready", "Retry", "Rejected"]
+    last_transition_time: Time
+    message: Annotated[str, Field(max_length=32768)]
+    pod_set_updates: list[PodSetUpdate] | None = Field(
+        default=None, max_length=8, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    requeue_after_seconds: Int32 | None = None
+    retry_count: Int32 | None = None
+
+
 class WorkloadStatus(KueueModel):
     """Observed state of a Workload."""
 
@@ -144,3 +209,26 @@ class WorkloadStatus(KueueModel):
     resource_requests: list[PodSetRequest] | None = Field(
         default=None, max_length=8, json_schema_extra=list_map("name")
     )
+    accumulated_past_execution_time_seconds: Int32 | None = None
+    """Seconds the workload was admitted before its latest eviction (Phalanx adds the
+    admitted time when an eviction completes, as Kueue does)."""
+    scheduling_stats: SchedulingStats | None = None
+    """Evictions by reason (Phalanx counts them, as Kueue does)."""
+    admission_checks: list[AdmissionCheckState] | None = Field(
+        default=None, max_length=8, json_schema_extra=list_map("name")
+    )
+    """Kueue's admission checks: accepted, not written by Phalanx."""
+    cluster_name: Annotated[str, Field(max_length=256)] | None = None
+    """MultiKueue: accepted, not written by Phalanx."""
+    nominated_cluster_names: list[Annotated[str, Field(max_length=256)]] | None = Field(
+        default=None, max_length=20, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    """MultiKueue: accepted, not written by Phalanx."""
+    unhealthy_nodes: list[UnhealthyNode] | None = Field(
+        default=None, max_length=8, json_schema_extra=list_map("name")
+    )
+    """Failure recovery: accepted, not written by Phalanx."""
+    preemption_gates: list[PreemptionGateState] | None = Field(
+        default=None, max_length=8, json_schema_extra=list_map("name")
+    )
+    """Preemption gates: accepted, not written by Phalanx."""

@@ -201,7 +201,7 @@ def _set_at(raw: Any, path: str, key: str, value: Any) -> None:
     "entry", UNIMPLEMENTED_FIELDS, ids=lambda e: f"{e.model.__name__}.{e.field}"
 )
 def test_api_unimplemented_field_is_rejected_offline_and_by_cel(entry):
-    value = {"object": {}, "string": "x", "integer": 1}[entry.json_type]
+    value = {"object": {}, "string": "x", "integer": 1, "array": [{}]}[entry.json_type]
     for path_file in manifest_files():
         for index, obj in enumerate(load_manifests(path_file.read_text())):
             for path, node in walk_models(obj):
