@@ -21,6 +21,7 @@ __all__ = [
     "PREEMPTED",
     "QUOTA_RESERVED",
     "REQUEUED",
+    "REQUEUED_AT_ONCE",
     "admitted",
     "condition",
     "evicted",
@@ -29,6 +30,7 @@ __all__ = [
     "is_true",
     "pending",
     "pods_ready",
+    "requeued_again",
     "rfc3339",
     "set_condition",
     "truncate",
@@ -186,16 +188,37 @@ def evicted(
     return out
 
 
+# Evictions whose workload Kueue marks ``Requeued=True`` when the eviction completes; after
+# the others the workload waits for something to change, and ``Requeued`` turns True with the
+# reason of that change (:func:`requeued_again`).
+REQUEUED_AT_ONCE = frozenset({"Preempted", "NodeFailures"})
+_REQUEUED_AGAIN = {
+    "Deactivated": ("Reactivated", "The workload was reactivated"),
+    "PodsReadyTimeout": ("BackoffFinished", "The workload backoff was finished"),
+    "ClusterQueueStopped": (
+        "ClusterQueueRestarted",
+        "The ClusterQueue was restarted after being stopped",
+    ),
+    "LocalQueueStopped": (
+        "LocalQueueRestarted",
+        "The LocalQueue was restarted after being stopped",
+    ),
+}
+
+
 def eviction_done(
-    conditions: Sequence[Mapping[str, Any]] | None, *, reason: str, now_ms: int
+    conditions: Sequence[Mapping[str, Any]] | None, *, reason: str, message: str, now_ms: int
 ) -> list[Condition]:
-    """The evicted workload released its quota and waits in its queue again."""
+    """The evicted workload released its quota, as Kueue's Job reconciler writes it: the
+    reservation and the admission go with the eviction's message, ``Requeued`` is True only
+    after a preemption (or node failures), else False with the eviction's reason, and
+    ``PodsReady``, when the workload has one, is back to ``WaitForStart``."""
     out = set_condition(
         conditions,
         QUOTA_RESERVED,
         status=False,
         reason="Pending",
-        message=f"Evicted ({reason}); waiting to be admitted again",
+        message=message,
         now_ms=now_ms,
     )
     out = set_condition(
@@ -206,35 +229,63 @@ def eviction_done(
         message="The workload has no reservation",
         now_ms=now_ms,
     )
+    if condition(out, PODS_READY) is not None:
+        out = pods_ready(out, admitted=False, ready=False, now_ms=now_ms)
     return set_condition(
         out,
         REQUEUED,
-        status=True,
+        status=reason in REQUEUED_AT_ONCE,
         reason=reason,
-        message=f"Requeued after eviction ({reason})",
+        message=message,
         now_ms=now_ms,
     )
 
 
-def pods_ready(
-    conditions: Sequence[Mapping[str, Any]] | None, *, ready: bool, now_ms: int
-) -> list[Condition]:
-    if ready:
-        return set_condition(
-            conditions,
-            PODS_READY,
-            status=True,
-            reason="Started",
-            message="All pods reached readiness and the workload is running",
-            now_ms=now_ms,
-        )
+def requeued_again(
+    conditions: Sequence[Mapping[str, Any]] | None, *, now_ms: int
+) -> list[Condition] | None:
+    """``Requeued=True`` again once the workload is back in its queue after an eviction that
+    left it ``Requeued=False`` (reactivated, backoff over, queue restarted); None when there
+    is nothing to change."""
+    requeued = condition(conditions, REQUEUED)
+    if requeued is None or requeued.get("status") != "False":
+        return None
+    again = _REQUEUED_AGAIN.get(str(requeued.get("reason")))
+    if again is None:
+        return None
     return set_condition(
-        conditions,
-        PODS_READY,
-        status=False,
-        reason="WaitForStart",
-        message="Not all pods are ready or succeeded",
-        now_ms=now_ms,
+        conditions, REQUEUED, status=True, reason=again[0], message=again[1], now_ms=now_ms
+    )
+
+
+_NOT_READY = "Not all pods are ready or succeeded"
+_WAITING_FOR_RECOVERY = "At least one pod has failed, waiting for recovery"
+
+
+def pods_ready(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    *,
+    admitted: bool = True,
+    ready: bool,
+    now_ms: int,
+) -> list[Condition]:
+    """``PodsReady`` as Kueue's Job reconciler computes it: False ``WaitForStart`` while not
+    admitted or before the pods first became ready; True ``Started`` (``Recovered`` after a
+    recovery); once started, a pod lost makes it False ``WaitForRecovery``."""
+    current = condition(conditions, PODS_READY)
+    previous = None if current is None else current.get("reason")
+    if not admitted:
+        status, reason, message = False, "WaitForStart", _NOT_READY
+    elif ready:
+        recovered = previous in ("WaitForRecovery", "Recovered")
+        status, reason = True, "Recovered" if recovered else "Started"
+        message = "All pods reached readiness and the workload is running"
+    elif current is not None and (current.get("status") == "True" or previous == "WaitForRecovery"):
+        status, reason, message = False, "WaitForRecovery", _WAITING_FOR_RECOVERY
+    else:
+        status, reason, message = False, "WaitForStart", _NOT_READY
+    return set_condition(
+        conditions, PODS_READY, status=status, reason=reason, message=message, now_ms=now_ms
     )
 
 

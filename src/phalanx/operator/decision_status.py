@@ -8,6 +8,7 @@ never applied twice.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,14 @@ from phalanx.api import convert
 from phalanx.operator import conditions as cond
 from phalanx.operator.writer import StatusFn, owned_conditions
 
-__all__ = ["Eviction", "admission_status", "evicted_status", "eviction_done_status"]
+__all__ = [
+    "Eviction",
+    "accumulated_execution_seconds",
+    "admission_status",
+    "count_eviction",
+    "evicted_status",
+    "eviction_done_status",
+]
 
 
 @dataclass
@@ -79,7 +87,8 @@ def evicted_status(eviction: Eviction, *, now_ms: int) -> StatusFn:
                 message=eviction.message,
                 now_ms=now_ms,
                 preemption_reason=eviction.preemption_reason,
-            )
+            ),
+            "schedulingStats": count_eviction(current, reason=eviction.reason),
         }
         admission = (current.get("status") or {}).get("admission")
         if admission:
@@ -103,10 +112,16 @@ def eviction_done_status(
             return None  # already done (by an earlier write, or by Kueue's runner)
         out: dict[str, Any] = {
             "conditions": cond.eviction_done(
-                owned_conditions(current), reason=eviction.reason, now_ms=now_ms
+                owned_conditions(current),
+                reason=eviction.reason,
+                message=eviction.message,
+                now_ms=now_ms,
             ),
             "admission": None,
         }
+        accumulated = accumulated_execution_seconds(current, now_ms=now_ms)
+        if accumulated is not None:
+            out["accumulatedPastExecutionTimeSeconds"] = accumulated
         if requeue is not None:
             out["requeueState"] = {
                 "count": requeue[0],
@@ -115,3 +130,42 @@ def eviction_done_status(
         return out
 
     return build
+
+
+def accumulated_execution_seconds(current: dict[str, Any], *, now_ms: int) -> int | None:
+    """``status.accumulatedPastExecutionTimeSeconds`` once the admission ends, as Kueue keeps
+    it: the seconds since ``Admitted`` last turned True added to what earlier admissions
+    accumulated; None when the Workload is not admitted."""
+    status = current.get("status") or {}
+    admitted = cond.condition(status.get("conditions"), cond.ADMITTED)
+    if admitted is None or admitted.get("status") != "True":
+        return None
+    since = _parse_time(admitted.get("lastTransitionTime"))
+    if since is None:
+        return None
+    past = int(status.get("accumulatedPastExecutionTimeSeconds") or 0)
+    return past + max(0, (now_ms - since) // 1000)
+
+
+def count_eviction(current: dict[str, Any], *, reason: str) -> dict[str, Any]:
+    """``status.schedulingStats`` with one more eviction for ``reason`` (Kueue counts them
+    per reason and underlying cause; Phalanx's evictions have no underlying cause)."""
+    stats = (current.get("status") or {}).get("schedulingStats") or {}
+    evictions = [dict(e) for e in stats.get("evictions") or ()]
+    for entry in evictions:
+        if entry.get("reason") == reason and not entry.get("underlyingCause"):
+            entry["count"] = int(entry.get("count") or 0) + 1
+            break
+    else:
+        evictions.append({"reason": reason, "underlyingCause": "", "count": 1})
+    return {**stats, "evictions": evictions}
+
+
+def _parse_time(value: object) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return int(parsed.replace(tzinfo=datetime.UTC).timestamp() * 1000)

@@ -32,6 +32,7 @@ __all__ = [
     "job_finish",
     "job_finishing",
     "min_parallelism",
+    "pods_ready",
     "queue_name",
     "resolve_priority",
     "restore_patch",
@@ -245,6 +246,16 @@ def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) ->
         },
         "spec": workload_spec,
     }
+
+
+def pods_ready(job: Mapping[str, Any]) -> bool:
+    """Kueue's PodsReady for a Job: its pods (the lesser of parallelism and completions) are
+    ready or have succeeded, those the Job controller has not counted yet included (a pod
+    that just succeeded is in ``uncountedTerminatedPods`` before ``succeeded``)."""
+    status = job.get("status") or {}
+    uncounted = (status.get("uncountedTerminatedPods") or {}).get("succeeded") or ()
+    done = int(status.get("ready") or 0) + int(status.get("succeeded") or 0) + len(uncounted)
+    return done >= _pod_count(job.get("spec") or {})
 
 
 @dataclass(frozen=True)

@@ -497,14 +497,13 @@ class JobController:
     async def _sync_pods_ready(
         self, wl_key: str, job: dict[str, Any], workload: dict[str, Any]
     ) -> None:
-        status = job.get("status") or {}
-        spec = job.get("spec") or {}
-        want = int(spec.get("parallelism") or 1)
-        ready = int(status.get("ready") or 0) + int(status.get("succeeded") or 0) >= want
-        current = cond.condition((workload.get("status") or {}).get("conditions"), cond.PODS_READY)
-        if current is not None and (current.get("status") == "True") == ready:
-            return
+        ready = jobs.pods_ready(job)
+        conditions = (workload.get("status") or {}).get("conditions")
         now = int(time.time() * 1000)
+        if cond.condition(
+            cond.pods_ready(conditions, ready=ready, now_ms=now), cond.PODS_READY
+        ) == cond.condition(conditions, cond.PODS_READY):
+            return
 
         def build(wl: dict[str, Any]) -> dict[str, Any] | None:
             wl_status = wl.get("status") or {}

@@ -305,11 +305,21 @@ class QueueStatus:
         self._local: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
         self._taken = 0.0
         self._task: asyncio.Task[None] | None = None
+        # A queue created since the last snapshot: its status is due at once (kubectl shows
+        # blank columns until it is written), not after the batching interval.
+        self._new_queue = False
+        self._wake = asyncio.Event()
         state.subscribe(self._on_change)
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
         if kind == "Workload":
             self.counts.workload_changed(key)
+        elif (
+            kind in ("ClusterQueue", "LocalQueue")
+            and obj is not None
+            and (kind, key) not in self._snapshot
+        ):
+            self._new_queue = True
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="phalanx-qstatus")
@@ -325,9 +335,12 @@ class QueueStatus:
     ) -> None:
         """Called by the scheduling loop between cycles (at most once per interval)."""
         now = time.monotonic()
-        if not force and now - self._taken < self.interval:
+        if not force and not self._new_queue and now - self._taken < self.interval:
             return
         self._taken = now
+        if self._new_queue:
+            self._new_queue = False
+            self._wake.set()
         cluster_queues = self.state.objects["ClusterQueue"]
         snapshot: dict[tuple[str, str], dict[str, Any]] = {}
         for kind, name in self._snapshot:
@@ -440,7 +453,9 @@ class QueueStatus:
         # Never ends on an error: a status writer that died quietly would leave every queue
         # reporting what it held at that moment (found by the API-server restart fault test).
         while True:
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+            self._wake.clear()
             try:
                 await self._write_changed()
             except asyncio.CancelledError:

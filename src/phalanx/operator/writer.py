@@ -314,12 +314,17 @@ class StatusWriter:
                     return None  # admitted or finished meanwhile: the explanation is stale
                 if existing is not None and existing.get("message") == message:
                     return None
+                now_ms = int(time.time() * 1000)
                 updated = cond.pending(
                     owned_conditions(current),
                     inadmissible=inadmissible,
                     message=message,
-                    now_ms=int(time.time() * 1000),
+                    now_ms=now_ms,
                 )
+                if not inadmissible and not _backing_off(status, now_ms=now_ms):
+                    # Back in its queue and considered: Kueue's Requeued=True after an
+                    # eviction that left it False (reactivated, backoff over, restarted).
+                    updated = cond.requeued_again(updated, now_ms=now_ms) or updated
                 return {"conditions": updated}
 
             await self.apply_status(key, build, verb="pending")
@@ -365,7 +370,12 @@ class StatusWriter:
 # Status fields besides conditions that Phalanx may own. Server-side apply removes an owned
 # field that an apply omits, so every apply carries them over unless the builder drops one
 # explicitly by setting it to None (e.g. ``admission`` when an eviction completes).
-_CARRIED = ("admission", "requeueState")
+_CARRIED = ("admission", "requeueState", "accumulatedPastExecutionTimeSeconds", "schedulingStats")
+
+
+def _backing_off(status: dict[str, Any], *, now_ms: int) -> bool:
+    requeue_at = (status.get("requeueState") or {}).get("requeueAt")
+    return isinstance(requeue_at, str) and requeue_at > cond.rfc3339(now_ms)
 
 
 def resource_version(obj: dict[str, Any]) -> str | None:

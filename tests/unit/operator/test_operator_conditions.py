@@ -38,7 +38,9 @@ def test_eviction_by_preemption_then_requeue_then_readmission() -> None:
     assert cond.condition(evicted, cond.EVICTED)["reason"] == "Preempted"  # type: ignore[index]
     assert cond.condition(evicted, cond.PREEMPTED)["reason"] == "InClusterQueue"  # type: ignore[index]
     assert cond.is_true(evicted, cond.QUOTA_RESERVED), "quota is held until the pods are gone"
-    done = cond.eviction_done(evicted, reason="Preempted", now_ms=T1)
+    done = cond.eviction_done(
+        evicted, reason="Preempted", message="Preempted to accommodate ns/hi", now_ms=T1
+    )
     assert not cond.is_true(done, cond.QUOTA_RESERVED)
     assert not cond.is_true(done, cond.ADMITTED)
     assert cond.is_true(done, cond.REQUEUED)

@@ -59,3 +59,24 @@ def test_each_decision_is_written_once_and_then_recognised() -> None:
     assert "admission" not in requeued["status"]
     assert requeued["status"]["requeueState"]["count"] == 1
     assert done(requeued) is None
+
+
+def test_an_eviction_counts_in_scheduling_stats_and_adds_the_admitted_time() -> None:
+    """Kueue's status.schedulingStats.evictions and accumulatedPastExecutionTimeSeconds."""
+    admitted = landed(admission_status(ADMIT)(fresh()), fresh())
+    for c in admitted["status"]["conditions"]:
+        c["lastTransitionTime"] = "2026-01-01T00:00:00Z"
+    admitted["status"]["accumulatedPastExecutionTimeSeconds"] = 30
+    start = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    evicting = landed(evicted_status(EVICTION, now_ms=start + 5_000)(admitted), admitted)
+    assert evicting["status"]["schedulingStats"] == {
+        "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": 1}]
+    }
+    done = landed(
+        eviction_done_status(EVICTION, now_ms=start + 90_000, requeue=None)(evicting), evicting
+    )
+    assert done["status"]["accumulatedPastExecutionTimeSeconds"] == 120
+    readmitted = landed(admission_status(ADMIT)(done), done)
+    again = evicted_status(EVICTION, now_ms=start + 200_000)(readmitted)
+    assert again is not None
+    assert again["schedulingStats"]["evictions"][0]["count"] == 2
