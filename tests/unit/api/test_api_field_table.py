@@ -50,3 +50,26 @@ def test_docs_carry_the_generated_table() -> None:
     assert render_table() in DOC, (
         "docs/api.md's field table is stale: paste `python -m phalanx.api.fieldtable`"
     )
+
+
+def test_status_fields_kueue_tools_write_are_accepted() -> None:
+    """Kueue's performance runner patches accumulatedPastExecutionTimeSeconds; the API server
+    refused it ("field not declared in schema") and so did ``phalanx validate``."""
+    from phalanx.api import parse_object
+
+    workload = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {"queueName": "lq", "podSets": [{"name": "main", "count": 1, "template": {}}]},
+        "status": {
+            "accumulatedPastExecutionTimeSeconds": 42,
+            "schedulingStats": {
+                "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": 1}]
+            },
+            "clusterName": "worker-1",
+        },
+    }
+    parsed = parse_object(workload)
+    assert parsed.status is not None  # type: ignore[attr-defined]
+    assert parsed.status.accumulated_past_execution_time_seconds == 42  # type: ignore[attr-defined]
