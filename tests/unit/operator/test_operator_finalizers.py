@@ -242,3 +242,26 @@ def test_flavors_in_use_are_those_named_or_held() -> None:
     assert flavors_in_use([cluster_queue()], []) == {"default"}
     assert flavors_in_use([], [workload("held")]) == {"default"}
     assert flavors_in_use([], [finished(workload("done"))]) == set()
+
+
+def test_the_answer_to_a_release_is_not_recorded_over_the_deletion() -> None:
+    """The DELETED watch event of a released ClusterQueue can come before the answer to the
+    patch that released it; recording that answer would bring the queue back into the state
+    for good, holding its flavor (seen on the local control plane)."""
+    state = ClusterState()
+    state.apply("ClusterQueue", None, cluster_queue(deleting=True, finalizers=[RESOURCE_IN_USE]))
+    state.apply("ResourceFlavor", None, flavor("default", deleting=True))
+
+    class ReleasingApi(RecordingApi):
+        async def patch(self, resource: Any, name: str, patch: Any, **kw: Any) -> dict[str, Any]:
+            await super().patch(resource, name, patch, **kw)
+            released = cluster_queue(rv="6", deleting=True, finalizers=[])
+            state.apply("ClusterQueue", "DELETED", released)  # the watch was faster
+            return released
+
+    coros: list[Any] = []
+    finalizers = ResourceInUseFinalizers(ReleasingApi(), state, spawn=coros.append)  # type: ignore[arg-type]
+    finalizers.reconcile(in_core=lambda name: False)
+    asyncio.run(coros[0])
+    assert "cq" not in state.objects["ClusterQueue"]
+    assert finalizer_writes(state) == [("resourceflavors", "default", "remove")]
