@@ -206,6 +206,10 @@ class ClusterQueue:
     stop_policy: StopPolicy = StopPolicy.NONE
     fair_weight: int = 1000
     """``fairSharing.weight`` in thousandths (weight 1 is 1000, weight 0.5 is 500)."""
+    admission_checks: tuple[str, ...] = ()
+    """Names of the AdmissionChecks of ``admissionChecksStrategy``: the queue admits nothing
+    while one of them is missing or inactive (Kueue's rule). Which check applies to which
+    workload, and its state, are the operator's business: the core reserves quota."""
 
     def quotas(self) -> dict[FlavorResource, ResourceQuota]:
         return _quotas_of(self.resource_groups)

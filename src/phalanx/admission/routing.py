@@ -195,6 +195,8 @@ def refresh_active(s: Scheduler, state: ClusterQueueState) -> None:
     missing = [f for f in state.spec.flavor_names() if f not in s.flavors]
     if not reason and missing:
         reason = f"FlavorNotFound: flavor(s) {', '.join(missing)} not found"
+    if not reason and state.spec.admission_checks:
+        reason = _admission_check_problem(s, state.spec.admission_checks)
     if not reason and state.spec.cohort:
         for node in state.node.path_to_root():
             if node.name in s.cycle_errors and node.is_cohort:
@@ -214,6 +216,19 @@ def refresh_active(s: Scheduler, state: ClusterQueueState) -> None:
         if state.can_admit:
             s.active.add(state.name)
             retry_explanations(s, state)
+
+
+def _admission_check_problem(s: Scheduler, checks: tuple[str, ...]) -> str:
+    """Kueue's reasons for a queue naming AdmissionChecks that cannot be evaluated."""
+    missing = [c for c in checks if c not in s.admission_checks]
+    if missing:
+        return f"AdmissionCheckNotFound: references missing AdmissionCheck(s): {','.join(missing)}"
+    inactive = [c for c in checks if not s.admission_checks[c]]
+    if inactive:
+        return (
+            f"AdmissionCheckInactive: references inactive AdmissionCheck(s): {','.join(inactive)}"
+        )
+    return ""
 
 
 def refresh_all_active(s: Scheduler) -> None:

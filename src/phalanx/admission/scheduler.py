@@ -84,6 +84,8 @@ class Scheduler:
         self.placement = placement
         self.tree = ResourceTree()
         self.flavors: dict[str, ResourceFlavor] = {}
+        self.admission_checks: dict[str, bool] = {}
+        """AdmissionCheck name -> whether it is active."""
         self.cohorts: dict[str, Cohort] = {}
         self.queues: dict[str, ClusterQueueState] = {}
         self.local_queues: dict[str, LocalQueue] = {}
@@ -131,6 +133,23 @@ class Scheduler:
         for state in self.queues.values():
             routing.refresh_active(self, state)
         self._wake_everything()
+
+    def apply_admission_check(self, name: str, *, active: bool) -> None:
+        """An AdmissionCheck exists; ``active`` is its ``Active`` condition. A ClusterQueue
+        naming a missing or inactive check admits nothing."""
+        if self.admission_checks.get(name) == active:
+            return
+        self.admission_checks[name] = active
+        self._admission_checks_changed()
+
+    def delete_admission_check(self, name: str) -> None:
+        if self.admission_checks.pop(name, None) is not None:
+            self._admission_checks_changed()
+
+    def _admission_checks_changed(self) -> None:
+        for state in self.queues.values():
+            if state.spec.admission_checks:
+                routing.refresh_active(self, state)
 
     def apply_cluster_queue(self, spec: ClusterQueue) -> None:
         state = self.queues.get(spec.name)
@@ -301,10 +320,14 @@ class Scheduler:
         """The workload completed; its quota is free (Kueue's ``Finished`` condition)."""
         self.delete_workload(key)
 
-    def workload_evicted(self, key: str, *, now: int, backoff: bool = False) -> None:
+    def workload_evicted(
+        self, key: str, *, now: int, backoff: bool = False, requeue_at: int | None = None
+    ) -> None:
         """The operator finished evicting ``key`` (its pods are gone): release and requeue.
 
         ``backoff`` applies Kueue's exponential requeue backoff (waitForPodsReady timeouts).
+        ``requeue_at`` holds the workload back until then instead, its count unchanged: an
+        admission check in ``Retry`` says when it may be tried again.
         """
         entry = self.entries.get(key)
         if entry is None or entry.phase == Phase.PENDING:
@@ -316,7 +339,11 @@ class Scheduler:
             stopping.release_admitted(self, entry)
         if backoff:
             entry.requeue_count, entry.requeue_at = self.next_requeue(key, now=now)
-            # Kueue orders a workload requeued after a PodsReady timeout by its eviction time.
+        if requeue_at is not None:
+            entry.requeue_at = max(entry.requeue_at, requeue_at)
+        if backoff or requeue_at is not None:
+            # Kueue orders a workload requeued after a PodsReady timeout or an admission
+            # check's retry by its eviction time.
             entry.order_time = now
         entry.phase = Phase.PENDING
         routing.route(self, entry)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from phalanx.api.fields import Int32, KueueModel, NameReference, list_map
+from phalanx.api.fields import Int32, KueueModel, NameReference, list_map, list_set
 from phalanx.api.meta import Condition, LabelSelector, ObjectMeta
 from phalanx.api.quota import (
     MAX_RESOURCE_GROUPS,
@@ -18,6 +18,8 @@ from phalanx.api.quota import (
 )
 
 __all__ = [
+    "AdmissionCheckStrategyRule",
+    "AdmissionChecksStrategy",
     "BorrowWithinCohort",
     "BorrowWithinCohortPolicy",
     "ClusterQueue",
@@ -106,6 +108,27 @@ class ClusterQueuePreemption(KueueModel):
     LowerOrNewerEqualPriority."""
 
 
+class AdmissionCheckStrategyRule(KueueModel):
+    """One AdmissionCheck a workload of this queue must pass, and on which flavors."""
+
+    name: Annotated[str, Field(min_length=1, max_length=316)]
+    """The AdmissionCheck's name."""
+    on_flavors: list[NameReference] | None = Field(
+        default=None, max_length=64, json_schema_extra=list_set()
+    )
+    """The check applies to a workload given quota in one of these flavors; empty: every
+    flavor of the queue."""
+
+
+class AdmissionChecksStrategy(KueueModel):
+    """The AdmissionChecks of a ClusterQueue."""
+
+    admission_checks: list[AdmissionCheckStrategyRule] = Field(
+        min_length=1, max_length=64, json_schema_extra=list_map("name")
+    )
+    """Each check, with the flavors it applies to."""
+
+
 class ClusterQueueSpec(KueueModel):
     """Desired state of a ClusterQueue."""
 
@@ -133,6 +156,8 @@ class ClusterQueueSpec(KueueModel):
     """None, Hold or HoldAndDrain; anything but None makes the queue inactive."""
     fair_sharing: FairSharing | None = None
     """Weight of this queue in fair sharing."""
+    admission_checks_strategy: AdmissionChecksStrategy | None = None
+    """AdmissionChecks a workload must pass, besides quota, before it is admitted."""
 
 
 class ClusterQueueStatus(KueueModel):

@@ -154,6 +154,10 @@ def cluster_queue(obj: Mapping[str, Any]) -> core.ClusterQueue:
         ),
         stop_policy=core.StopPolicy(spec.get("stopPolicy", "None")),
         fair_weight=_weight(spec.get("fairSharing"), "spec.fairSharing"),
+        admission_checks=tuple(
+            str(rule["name"])
+            for rule in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or ()
+        ),
     )
 
 

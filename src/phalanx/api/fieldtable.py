@@ -37,7 +37,6 @@ ACCEPTED_NOT_ACTED_ON: Mapping[tuple[str, str], str] = {
     ("Workload", "status.admission.podSetAssignments[].delayedTopologyRequest"): (
         "not written: Phalanx places a gang when it admits it"
     ),
-    ("Workload", "status.admissionChecks"): "not written (no admission checks yet)",
     ("Workload", "status.clusterName"): "not written (MultiKueue)",
     ("Workload", "status.nominatedClusterNames"): "not written (MultiKueue)",
     ("Workload", "status.unhealthyNodes"): "not written (failure recovery)",
@@ -51,7 +50,15 @@ _ENCODING = (
     "Phalanx writes the same assignment as podCounts[] / universalPodCount and"
     " valuesPerLevel[].roots, prefix, suffix / universalValue (docs/placement.md)"
 )
+_CHECK_TOLERATIONS = "status.admissionChecks[].podSetUpdates[].tolerations[]"
 NOT_IN_SCHEMA: Mapping[tuple[str, str], str] = {
+    **{
+        ("Workload", f"{_CHECK_TOLERATIONS}.{name}"): (
+            "kept as the check controller wrote it (a core/v1 Toleration, applied to the Job"
+            " as written)"
+        )
+        for name in ("effect", "key", "operator", "tolerationSeconds", "value")
+    },
     (_TAS[0], f"{_TAS[1]}.podCounts.individual"): _ENCODING,
     (_TAS[0], f"{_TAS[1]}.podCounts.universal"): _ENCODING,
     (_TAS[0], f"{_TAS[1]}.valuesPerLevel[].individual"): _ENCODING,
@@ -63,10 +70,8 @@ NOT_IN_SCHEMA: Mapping[tuple[str, str], str] = {
 """Kueue fields with no place in Phalanx's schema, and what Phalanx has instead."""
 
 UNSERVED_KINDS: Mapping[str, str] = {
-    "AdmissionCheck": "admission checks",
     "MultiKueueCluster": "MultiKueue",
     "MultiKueueConfig": "MultiKueue",
-    "ProvisioningRequestConfig": "ProvisioningRequest admission check",
 }
 """Kueue kinds Phalanx has no CRD for: ``kubectl`` answers "no matches for kind"."""
 

@@ -1,9 +1,10 @@
-"""The seven kinds Phalanx serves, with the REST facts their CRDs declare."""
+"""The kinds Phalanx serves, with the REST facts their CRDs declare."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phalanx.api.admissioncheck import AdmissionCheck, ProvisioningRequestConfig
 from phalanx.api.clusterqueue import ClusterQueue
 from phalanx.api.cohort import Cohort
 from phalanx.api.localqueue import LocalQueue
@@ -22,6 +23,8 @@ KueueObject = (
     | Cohort
     | Topology
     | WorkloadPriorityClass
+    | AdmissionCheck
+    | ProvisioningRequestConfig
 )
 
 
@@ -202,6 +205,24 @@ KINDS: tuple[KindInfo, ...] = (
                 description="Value of workloadPriorityClass's Priority",
             ),
         ),
+    ),
+    KindInfo(
+        kind="AdmissionCheck",
+        plural="admissionchecks",
+        singular="admissioncheck",
+        short_names=("ac",),
+        namespaced=False,
+        model=AdmissionCheck,
+        status_subresource=True,
+    ),
+    KindInfo(
+        kind="ProvisioningRequestConfig",
+        plural="provisioningrequestconfigs",
+        singular="provisioningrequestconfig",
+        short_names=("prc",),
+        namespaced=False,
+        model=ProvisioningRequestConfig,
+        status_subresource=False,
     ),
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from phalanx.api.admissioncheck import AdmissionCheckSpec
 from phalanx.api.clusterqueue import ClusterQueuePreemption, ClusterQueueSpec, PreemptionPolicy
 from phalanx.api.cohort import CohortSpec
 from phalanx.api.label_rules import LABEL_RULES
@@ -312,6 +313,21 @@ _TOPOLOGY_RULES: tuple[Rule[Any], ...] = (
 )
 
 
+# --- AdmissionCheck -----------------------------------------------------------------------
+
+_ADMISSION_CHECK_RULES: tuple[Rule[Any], ...] = (
+    Rule(
+        name="AdmissionCheck-controller-name-immutable",
+        model=AdmissionCheckSpec,
+        field="controllerName",
+        cel="self == oldSelf",
+        message="controllerName cannot be changed; create a new AdmissionCheck for the other"
+        " controller",
+        check=None,
+    ),
+)
+
+
 # --- meta -------------------------------------------------------------------------------
 
 
@@ -340,6 +356,7 @@ RULES: tuple[Rule[Any], ...] = (
     *_LOCAL_QUEUE_RULES,
     *_RESOURCE_FLAVOR_RULES,
     *_TOPOLOGY_RULES,
+    *_ADMISSION_CHECK_RULES,
     *WORKLOAD_RULES,
     *_META_RULES,
     *LABEL_RULES,

@@ -38,6 +38,7 @@ _ADMIN_ORDER = (
     "ClusterQueue",
     "LocalQueue",
     "WorkloadPriorityClass",
+    "AdmissionCheck",
 )
 
 
@@ -214,6 +215,11 @@ class CoreBridge:
                     s.delete_priority_class(key)
                 else:
                     s.apply_priority_class(convert.workload_priority_class(obj))
+            elif kind == "AdmissionCheck":
+                if obj is None:
+                    s.delete_admission_check(key)
+                else:
+                    s.apply_admission_check(key, active=_active(obj))
         except convert.ConversionError as error:
             self.invalid_admin[f"{kind}/{key}"] = str(error)
             logger.warning("event=invalid_object kind=%s name=%s error=%r", kind, key, str(error))
@@ -305,12 +311,23 @@ class CoreBridge:
         )
 
 
+def _active(obj: Mapping[str, Any]) -> bool:
+    """An AdmissionCheck's ``Active`` condition (Kueue: only an active check may be used)."""
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "Active":
+            return bool(c.get("status") == "True")
+    return False
+
+
 def _fingerprint(kind: str, obj: Mapping[str, Any] | None) -> object:
     if obj is None:
         return None
     metadata = obj.get("metadata") or {}
     if kind == "Namespace":
         return tuple(sorted((metadata.get("labels") or {}).items()))
+    if kind == "AdmissionCheck":
+        # Its controller reports Active in its status, which moves no generation.
+        return (metadata.get("uid"), metadata.get("generation"), _active(obj))
     if "generation" not in metadata:
         # Kinds without a status subresource: any new version may carry a new spec.
         return metadata.get("resourceVersion")

@@ -195,6 +195,7 @@ REQUEUED_AT_ONCE = frozenset({"Preempted", "NodeFailures"})
 _REQUEUED_AGAIN = {
     "Deactivated": ("Reactivated", "The workload was reactivated"),
     "PodsReadyTimeout": ("BackoffFinished", "The workload backoff was finished"),
+    "AdmissionCheck": ("BackoffFinished", "The workload backoff was finished"),
     "ClusterQueueStopped": (
         "ClusterQueueRestarted",
         "The ClusterQueue was restarted after being stopped",

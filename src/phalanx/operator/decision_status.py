@@ -9,11 +9,13 @@ never applied twice.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from phalanx.admission.decisions import Admit
 from phalanx.api import convert
+from phalanx.operator import admission_checks as ac
 from phalanx.operator import conditions as cond
 from phalanx.operator.writer import StatusFn, owned_conditions
 
@@ -43,10 +45,16 @@ class Eviction:
     reserving)."""
     requeue: tuple[int, int] | None = None
     """With backoff: the (count, requeueAt ms) written as requeueState, as the core will apply."""
+    requeue_at: int | None = None
+    """Evicted by an admission check in Retry: not tried again before then (ms)."""
 
 
-def admission_status(admit: Admit) -> StatusFn:
-    """QuotaReserved and Admitted, with ``status.admission``."""
+def admission_status(
+    admit: Admit, *, checks: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
+) -> StatusFn:
+    """QuotaReserved and Admitted, with ``status.admission``. ``checks`` gives the
+    AdmissionChecks that apply to an admission: with any, ``Admitted`` waits until all are
+    Ready (Kueue's two-phase admission) and ``status.admissionChecks`` lists them."""
     admission = convert.admission_to_status(admit.admission)
     now = admit.time
 
@@ -56,7 +64,7 @@ def admission_status(admit: Admit) -> StatusFn:
             status.get("conditions"), cond.QUOTA_RESERVED
         ):
             return None
-        return {
+        out: dict[str, Any] = {
             "conditions": cond.admitted(
                 owned_conditions(current),
                 cluster_queue=admit.admission.cluster_queue,
@@ -64,6 +72,15 @@ def admission_status(admit: Admit) -> StatusFn:
             ),
             "admission": admission,
         }
+        required = checks(admission) if checks is not None else ()
+        states = status.get("admissionChecks") or []
+        if required or states:
+            states = ac.sync_states(states, required, now_ms=now) or states
+            out["admissionChecks"] = states
+            out["conditions"] = ac.quota_reserved(
+                out["conditions"], ready=ac.all_ready(states), now_ms=now
+            )
+        return out
 
     return build
 
@@ -119,6 +136,9 @@ def eviction_done_status(
             ),
             "admission": None,
         }
+        checks = ac.reset_on_eviction(status.get("admissionChecks"), now_ms=now_ms)
+        if checks is not None:
+            out["admissionChecks"] = checks
         accumulated = accumulated_execution_seconds(current, now_ms=now_ms)
         if accumulated is not None:
             out["accumulatedPastExecutionTimeSeconds"] = accumulated

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -267,6 +267,9 @@ class FlavorInjection:
     node_labels: Mapping[str, str]
     tolerations: Sequence[Mapping[str, Any]]
     topology_gated: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """From admission checks' ``podSetUpdates`` (as are the annotations)."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def admission_patch(
@@ -289,8 +292,12 @@ def admission_patch(
     for toleration in injection.tolerations:
         if toleration not in tolerations:
             tolerations.append(dict(toleration))
-    labels = {**(tmeta.get("labels") or {}), PODSET_LABEL: injection.pod_set}
-    annotations = {**(tmeta.get("annotations") or {}), WORKLOAD_ANNOTATION: workload_name_}
+    labels = {**(tmeta.get("labels") or {}), **injection.labels, PODSET_LABEL: injection.pod_set}
+    annotations = {
+        **(tmeta.get("annotations") or {}),
+        **injection.annotations,
+        WORKLOAD_ANNOTATION: workload_name_,
+    }
     gates = [g for g in pod_spec.get("schedulingGates") or [] if g.get("name") != TOPOLOGY_GATE]
     if injection.topology_gated:
         gates.append({"name": TOPOLOGY_GATE})

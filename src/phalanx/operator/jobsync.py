@@ -16,6 +16,7 @@ from typing import Any
 
 from phalanx.operator import conditions as cond
 from phalanx.operator import jobs
+from phalanx.operator.admission_checks import PodSetChanges
 from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
@@ -359,12 +360,21 @@ class JobController:
             for toleration in fspec.get("tolerations") or ():
                 if toleration not in tolerations:
                     tolerations.append(toleration)
+        # What the admission checks ask for (a ProvisioningRequest's node selector and
+        # annotations), over the flavors', as Kueue applies podSetUpdates at start.
+        updates = PodSetChanges.of(
+            (workload.get("status") or {}).get("admissionChecks"), jobs.MAIN_POD_SET
+        )
+        node_labels.update(updates.node_selector)
+        tolerations.extend(t for t in updates.tolerations if t not in tolerations)
         injection = jobs.FlavorInjection(
             pod_set=jobs.MAIN_POD_SET,
             count=int(psa.get("count") or 0) or jobs.workload_count(workload),
             node_labels=node_labels,
             tolerations=tolerations,
             topology_gated=bool(psa.get("topologyAssignment")),
+            labels=updates.labels,
+            annotations=updates.annotations,
         )
         patch = jobs.admission_patch(
             job, workload_name_=workload["metadata"]["name"], injection=injection

@@ -23,13 +23,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.admission.decisions import Admit, CycleResult, PendingReason
+from phalanx.admission.decisions import Admit, CycleResult, EvictionReason, PendingReason
 from phalanx.admission.preemption import FairSharingStrategy
 from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 from phalanx.api import convert
 from phalanx.operator import conditions as cond
 from phalanx.operator.bridge import CoreBridge
+from phalanx.operator.checks import AdmissionCheckSync
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.decision_status import (
     Eviction,
@@ -100,6 +101,14 @@ class SchedulingLoop:
         )
         self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
         self.finalizers = ResourceInUseFinalizers(api, state, spawn=self._spawn)
+        self.checks = AdmissionCheckSync(
+            api=api,
+            state=state,
+            writer=writer,
+            scheduler=self.scheduler,
+            start_eviction=self._start_eviction,
+            spawn=self._spawn,
+        )
         writer.pending_allowed = self._still_pending
         self.evicting: dict[str, Eviction] = {}
         self._failed: list[tuple[str, int]] = []
@@ -164,7 +173,12 @@ class SchedulingLoop:
         self._failed.clear()
         for key, eviction in self._released:
             self.bridge.in_flight_releases.discard(key)
-            self.scheduler.workload_evicted(key, now=eviction.released_at, backoff=eviction.backoff)
+            self.scheduler.workload_evicted(
+                key,
+                now=eviction.released_at,
+                backoff=eviction.backoff,
+                requeue_at=eviction.requeue_at,
+            )
         self._released.clear()
         result = self.bridge.sync(self.state.drain(), now_ms=now)
         self.finalizers.reconcile(in_core=self.scheduler.queues.__contains__)
@@ -180,6 +194,7 @@ class SchedulingLoop:
         for key, message in result.invalid.items():
             self.writer.explain(key, message=f"invalid workload: {message}", inadmissible=True)
         self._check_pods_ready(now)
+        self.checks.reconcile(now_ms=now, evicting=self.evicting)
         self._progress_evictions(now)
         return result
 
@@ -266,11 +281,14 @@ class SchedulingLoop:
                 )
         for evict in result.evicted:
             admission = self.scheduler.admission_of(evict.workload)
+            message = evict.message
+            if evict.reason == EvictionReason.DEACTIVATED:
+                message = self.checks.deactivation_message(evict.workload) or message
             self._start_eviction(
                 evict.workload,
                 Eviction(
                     reason=evict.reason.value,
-                    message=evict.message,
+                    message=message,
                     cluster_queue=admission.cluster_queue if admission else "",
                 ),
             )
@@ -284,7 +302,11 @@ class SchedulingLoop:
     async def _write_admission(self, admit: Admit) -> None:
         key = admit.workload
         try:
-            outcome = await self._settled_write(key, admission_status(admit), verb="admit")
+            build = admission_status(
+                admit,
+                checks=lambda a: self.checks.checks_for(admit.admission.cluster_queue, a),
+            )
+            outcome = await self._settled_write(key, build, verb="admit")
         finally:
             self.bridge.in_flight_admissions.discard(key)
         if not outcome.ok:
@@ -394,6 +416,10 @@ class SchedulingLoop:
             eviction.released_at = now
             if eviction.backoff:  # read here, between cycles, not from the write task
                 eviction.requeue = self.scheduler.next_requeue(key, now=now)
+            elif eviction.requeue_at is not None:
+                entry = self.scheduler.entries.get(key)
+                count = entry.requeue_count if entry is not None else 0
+                eviction.requeue = (count, max(eviction.requeue_at, now))
             self.bridge.in_flight_releases.add(key)
             self._spawn(self._write_eviction_done(key, eviction))
 

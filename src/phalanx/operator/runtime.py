@@ -69,6 +69,12 @@ ADMIN_KINDS: tuple[tuple[Resource, str], ...] = (
         Resource("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", namespaced=False),
         "WorkloadPriorityClass",
     ),
+    (Resource("kueue.x-k8s.io", "v1beta2", "admissionchecks", namespaced=False), "AdmissionCheck"),
+    (
+        Resource("kueue.x-k8s.io", "v1beta2", "provisioningrequestconfigs", namespaced=False),
+        "ProvisioningRequestConfig",
+    ),
+    (Resource("autoscaling.x-k8s.io", "v1", "provisioningrequests"), "ProvisioningRequest"),
     (Resource("", "v1", "namespaces", namespaced=False), "Namespace"),
     (Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False), "PriorityClass"),
 )

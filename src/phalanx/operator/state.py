@@ -26,6 +26,9 @@ KINDS = (
     "ResourceFlavor",
     "Topology",
     "WorkloadPriorityClass",
+    "AdmissionCheck",
+    "ProvisioningRequestConfig",
+    "ProvisioningRequest",
     "PriorityClass",
     "Namespace",
     "Workload",
@@ -33,7 +36,7 @@ KINDS = (
     "Pod",
     "Node",
 )
-_NAMESPACED = frozenset({"LocalQueue", "Workload", "Job", "Pod"})
+_NAMESPACED = frozenset({"LocalQueue", "Workload", "Job", "Pod", "ProvisioningRequest"})
 
 
 def key_of(kind: str, obj: dict[str, Any]) -> str:

@@ -39,6 +39,8 @@ KUEUE_KINDS = (
     ("topologies", "Topology"),
     ("workloadpriorityclasses", "WorkloadPriorityClass"),
     ("workloads", "Workload"),
+    ("admissionchecks", "AdmissionCheck"),
+    ("provisioningrequestconfigs", "ProvisioningRequestConfig"),
 )
 
 # The largest AdmissionReview the server reads. The API server takes a request body of up to

@@ -370,7 +370,13 @@ class StatusWriter:
 # Status fields besides conditions that Phalanx may own. Server-side apply removes an owned
 # field that an apply omits, so every apply carries them over unless the builder drops one
 # explicitly by setting it to None (e.g. ``admission`` when an eviction completes).
-_CARRIED = ("admission", "requeueState", "accumulatedPastExecutionTimeSeconds", "schedulingStats")
+_CARRIED = (
+    "admission",
+    "requeueState",
+    "accumulatedPastExecutionTimeSeconds",
+    "schedulingStats",
+    "admissionChecks",
+)
 
 
 def _backing_off(status: dict[str, Any], *, now_ms: int) -> bool:

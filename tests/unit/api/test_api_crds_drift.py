@@ -13,7 +13,7 @@ def test_api_crds_folder_matches_the_generator_byte_for_byte(tmp_path, capsys):
     assert main(["crds", "--output", str(tmp_path)]) == 0
     generated = {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())}
     committed = {p.name: p.read_bytes() for p in sorted(REPO_CRDS.iterdir())}
-    assert len(generated) == 8  # the seven kinds and the folder's Kustomization
+    assert len(generated) == 10  # the nine kinds and the folder's Kustomization
     stale = sorted(
         name
         for name in generated.keys() | committed.keys()

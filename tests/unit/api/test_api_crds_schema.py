@@ -186,6 +186,13 @@ def test_api_crd_names_scopes_and_subresources():
             False,
         ),
         "Cohort": ("cohorts.kueue.x-k8s.io", "Cluster", ("co",), True),
+        "AdmissionCheck": ("admissionchecks.kueue.x-k8s.io", "Cluster", ("ac",), True),
+        "ProvisioningRequestConfig": (
+            "provisioningrequestconfigs.kueue.x-k8s.io",
+            "Cluster",
+            ("prc",),
+            False,
+        ),
         "Topology": ("topologies.kueue.x-k8s.io", "Cluster", ("topo",), False),
         "WorkloadPriorityClass": (
             "workloadpriorityclasses.kueue.x-k8s.io",

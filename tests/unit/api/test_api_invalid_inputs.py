@@ -167,8 +167,10 @@ CASES: list[tuple[str, Callable[[], Raw], str, str]] = [
     ),
     (
         "unimplemented ClusterQueue field",
-        lambda: _set(minimal_cq(), "spec.admissionChecksStrategy", {"admissionChecks": []}),
-        "spec.admissionChecksStrategy",
+        lambda: _set(
+            minimal_cq(), "spec.admissionScope", {"admissionMode": "UsageBasedAdmissionFairSharing"}
+        ),
+        "spec.admissionScope",
         "Phalanx does not implement",
     ),
     (
@@ -363,7 +365,7 @@ CASES: list[tuple[str, Callable[[], Raw], str, str]] = [
     ),
     (
         "unknown kind",
-        lambda: _set(minimal_cq(), "kind", "AdmissionCheck"),
+        lambda: _set(minimal_cq(), "kind", "MultiKueueCluster"),
         "kind",
         "not a kind Phalanx serves",
     ),

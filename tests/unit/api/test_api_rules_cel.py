@@ -230,10 +230,16 @@ def test_api_unimplemented_field_is_rejected_offline_and_by_cel(entry):
 def test_api_transition_rules_reject_a_change_and_accept_none():
     transitions = [r for r in RULES if r.is_transition]
     assert {r.name for r in transitions} == {
+        "AdmissionCheck-controller-name-immutable",
         "LocalQueue-cluster-queue-immutable",
         "ResourceFlavor-topology-immutable",
         "Topology-levels-immutable",
     }
+    ac_rule = next(r for r in transitions if r.name.startswith("AdmissionCheck"))
+    assert cel(
+        ac_rule, "kueue.x-k8s.io/provisioning-request", old="kueue.x-k8s.io/provisioning-request"
+    )
+    assert cel(ac_rule, "example.com/other", old="kueue.x-k8s.io/provisioning-request") is False
     lq_rule = next(r for r in transitions if r.name.startswith("LocalQueue"))
     assert cel(lq_rule, "team-a", old="team-a") is True
     assert cel(lq_rule, "team-b", old="team-a") is False

@@ -94,6 +94,11 @@ class MakeClusterQueue:
         self._preemption = Preemption()
         self._stop = StopPolicy.NONE
         self._weight = 1000
+        self._checks: tuple[str, ...] = ()
+
+    def admission_checks(self, *names: str) -> Self:
+        self._checks = names
+        return self
 
     def cohort(self, name: str) -> Self:
         self._cohort = name
@@ -151,6 +156,7 @@ class MakeClusterQueue:
             preemption=self._preemption,
             stop_policy=self._stop,
             fair_weight=self._weight,
+            admission_checks=self._checks,
         )
 
 

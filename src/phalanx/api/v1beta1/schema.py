@@ -90,9 +90,6 @@ def _cluster_queue(schema: _Schema) -> None:
         if "concurrentAdmissionPolicy" in rule["rule"]:
             continue
         rules.append(_renamed(rule, "cohortName", "cohort"))
-        if rule["rule"] == "!has(self.admissionChecksStrategy)":
-            # A field Phalanx refuses in v1beta2 is refused in its v1beta1 spelling too.
-            rules.append(_renamed(rule, "admissionChecksStrategy", "admissionChecks"))
     spec["x-kubernetes-validations"] = rules
     fungibility = _node(spec, "flavorFungibility")["properties"]
     fungibility["whenCanBorrow"]["enum"] = [*fungibility["whenCanBorrow"]["enum"], "Borrow"]
