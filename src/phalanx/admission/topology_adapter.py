@@ -33,10 +33,16 @@ class TopologyLookup(Protocol):
 
 
 class TopologyPlacement:
-    """The one adapter from placement trees to admission's ``PlacementOracle``."""
+    """The one adapter from placement trees to admission's ``PlacementOracle``.
 
-    def __init__(self, topologies: TopologyLookup) -> None:
+    ``balanced_placement`` is Kueue's feature gate ``TASBalancedPlacement`` (alpha, off by
+    default there and here): pod sets with a *preferred* topology are spread evenly over the
+    fewest domains instead of packed best fit (see ``phalanx.placement.balanced``).
+    """
+
+    def __init__(self, topologies: TopologyLookup, *, balanced_placement: bool = False) -> None:
         self.topologies = topologies
+        self.balanced_placement = balanced_placement
 
     def has_topology(self, flavor: str) -> bool:
         return self.topologies.has_topology(flavor)
@@ -47,7 +53,7 @@ class TopologyPlacement:
         topology = self.topologies.get(flavor)
         if topology is None:
             return PlacementAnswer(False, reason=f"flavor {flavor} has no topology")
-        return _answer(topology.place(_gang(key, pod_sets)))
+        return _answer(topology.place(_gang(key, pod_sets), balanced=self.balanced_placement))
 
     def place_without(
         self,
@@ -64,7 +70,7 @@ class TopologyPlacement:
         with topology.speculate():
             for victim in sorted(removed):
                 topology.release(victim)
-            return _answer(topology.place(_gang(key, pod_sets)))
+            return _answer(topology.place(_gang(key, pod_sets), balanced=self.balanced_placement))
 
     def reserve(
         self, *, flavor: str, key: str, pod_sets: Sequence[PlacementDemand]
@@ -76,7 +82,7 @@ class TopologyPlacement:
             # A gang re-admitted (e.g. after partial admission was recomputed) replaces its
             # previous reservation rather than holding two.
             topology.release(key)
-        return _answer(topology.reserve(_gang(key, pod_sets)))
+        return _answer(topology.reserve(_gang(key, pod_sets), balanced=self.balanced_placement))
 
     def release(self, *, flavor: str, key: str) -> None:
         topology = self.topologies.get(flavor)

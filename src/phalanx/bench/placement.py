@@ -62,7 +62,9 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def speed_bench(rng: random.Random, cluster: Cluster, *, calls: int) -> SpeedResult:
+def speed_bench(
+    rng: random.Random, cluster: Cluster, *, calls: int, balanced: bool = False
+) -> SpeedResult:
     """Time ``calls`` reserve calls while jobs arrive and complete; a job that does not fit is
     dropped (no queue), so the cluster stays near full and failures are timed too."""
     topo = FlavorTopology(name="bench", levels=LEVELS)
@@ -85,7 +87,7 @@ def speed_bench(rng: random.Random, cluster: Cluster, *, calls: int) -> SpeedRes
             request = TopologyRequest.required(RACK_LABEL)
         gang = GangRequest(job.key, (PodSetRequest("main", job.pods, job.requests(), request),))
         start = time.perf_counter()
-        result = topo.reserve(gang)
+        result = topo.reserve(gang, balanced=balanced)
         elapsed = (time.perf_counter() - start) * 1000.0
         if result.ok:
             placed_times.append(elapsed)
@@ -118,12 +120,14 @@ def run_placement_bench(
     load: float = 0.95,
     jobs: int | None = None,
     shape: tuple[int, int, int] = (8, 16, 32),
+    balanced: bool = False,
 ) -> BenchReport:
     """Speed and quality on a ``shape`` = (blocks, racks per block, hosts per rack) cluster."""
     rng = random.Random(seed)
     blocks, racks, hosts = shape
     cluster = make_cluster(rng, blocks=blocks, racks=racks, hosts=hosts)
-    speed = speed_bench(random.Random(seed + 1), cluster, calls=1500 if quick else 5000)
+    calls = 1500 if quick else 5000
+    speed = speed_bench(random.Random(seed + 1), cluster, calls=calls, balanced=balanced)
     jobs_count = jobs if jobs is not None else (2500 if quick else 6000)
     warmup = 2 * 3600.0 if quick else 4 * 3600.0
     stream = make_jobs(
@@ -134,7 +138,7 @@ def run_placement_bench(
     # topology-blind first-fit can get from a naming convention.
     by_rack = sorted(cluster.rack_of, key=lambda n: (cluster.rack_of[n], n))
     placers = (
-        PhalanxPlacer(cluster, levels=LEVELS),
+        PhalanxPlacer(cluster, levels=LEVELS, balanced=balanced),
         FirstFitPlacer(cluster),
         _named(FirstFitPlacer(cluster, order=by_rack), "first-fit (rack-sorted names)"),
     )

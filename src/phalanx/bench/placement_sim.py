@@ -34,15 +34,24 @@ class Placer(Protocol):
 class PhalanxPlacer:
     """phalanx.placement: best-fit domain, fewest children, topology requests honoured."""
 
-    def __init__(self, cluster: Cluster, *, levels: Sequence[str], name: str = "phalanx") -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        levels: Sequence[str],
+        name: str = "phalanx",
+        balanced: bool = False,
+    ) -> None:
         self.name = name
+        self.balanced = balanced
         self.topology = FlavorTopology(name="bench", levels=levels)
         for node in cluster.nodes:
             self.topology.upsert_node(node)
 
     def start(self, job: Job) -> NodeCounts | None:
         pod_set = PodSetRequest("main", job.pods, job.requests(), job.topology)
-        result = self.topology.reserve(GangRequest(job.key, (pod_set,)), explain=False)
+        gang = GangRequest(job.key, (pod_set,))
+        result = self.topology.reserve(gang, explain=False, balanced=self.balanced)
         if result.placement is None:
             return None
         return tuple((d.node, d.count) for d in result.placement.pod_sets[0].domains)

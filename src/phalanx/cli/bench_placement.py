@@ -42,6 +42,11 @@ def register_placement(bench_subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--jobs", type=int, help="jobs in the quality stream (default 6000)")
     parser.add_argument(
+        "--balanced",
+        action="store_true",
+        help="Kueue's TASBalancedPlacement on: preferred gangs spread evenly (default off)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="exit 1 unless p99 < 10 ms and Phalanx beats first-fit (rack share, stranding)",
@@ -70,7 +75,9 @@ def _run(args: argparse.Namespace) -> int:
     if not 0 < args.load <= 2 or (args.jobs is not None and args.jobs < 1):
         print("error: --load must be in (0, 2] and --jobs at least 1", file=sys.stderr)
         return 2
-    report = run_placement_bench(seed=args.seed, quick=args.quick, load=args.load, jobs=args.jobs)
+    report = run_placement_bench(
+        seed=args.seed, quick=args.quick, load=args.load, jobs=args.jobs, balanced=args.balanced
+    )
     problems = acceptance_problems(report)
     if args.json:
         payload = report.to_json()

@@ -314,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         wait_for_pods_ready=wait_for_pods_ready(args, settings),
         fair_sharing=bool(settings.fair_sharing and settings.fair_sharing.enabled),
         managed_jobs_namespace_selector=settings.managed_jobs_namespace_selector,
+        tas_balanced_placement=bool(settings.tas_balanced_placement),
         leader_election=leader_election,
         **(
             {"fair_sharing_strategies": settings.fair_sharing.preemption_strategies}

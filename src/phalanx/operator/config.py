@@ -85,6 +85,9 @@ class OperatorConfig:
     """Kueue's ``fairSharing.preemptionStrategies``, in order."""
     managed_jobs_namespace_selector: Mapping[str, Any] | None = None
     """Kueue's ``managedJobsNamespaceSelector``, as read from ``--config`` (see configfile)."""
+    tas_balanced_placement: bool = False
+    """Kueue's feature gate ``TASBalancedPlacement`` (``featureGates`` in ``--config``):
+    preferred pod sets are spread evenly over the fewest domains (docs/placement.md)."""
     leader_election: LeaderElectionConfig | None = None
     """With leader election, only the replica holding the Lease schedules and writes."""
     liveness_stall_seconds: float = 20.0

@@ -9,6 +9,8 @@ brought over as it is:
   kept: in Kueue it selects the namespaces whose Jobs *without* a queue name are managed, and
   Phalanx manages only Jobs with one, so it changes nothing here (the manifests give the
   webhooks the same selector);
+- ``featureGates``: ``TASBalancedPlacement`` is honoured (balanced topology placement of
+  preferred pod sets); the other gates are read past, each named in a log line;
 - the process-level sections (``health``, ``metrics``, ``webhook``, ``leaderElection``, ...) are
   set by ``phalanx operator`` flags instead and are read past, each named in a log line;
 - anything else, or a value Phalanx does not implement (``manageJobsWithoutQueueName: true``,
@@ -51,7 +53,6 @@ PROCESS_SECTIONS = (
     "clientConnection",
     "internalCertManagement",
     "pprofBindAddress",
-    "featureGates",
 )
 """Kueue sections about the process, not scheduling; ``phalanx operator`` flags set these."""
 
@@ -85,6 +86,8 @@ class ConfigFile:
     backoff_limit_count: int | None = None
     fair_sharing: FairSharing | None = None
     managed_jobs_namespace_selector: Mapping[str, Any] | None = None
+    tas_balanced_placement: bool | None = None
+    """``featureGates.TASBalancedPlacement`` (Kueue's default: off)."""
     ignored: tuple[str, ...] = field(default=())
     """Process sections present in the file and read past (flags set them)."""
 
@@ -128,7 +131,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
         )
     if document.get("kind") != "Configuration":
         problems.append(f"kind: must be Configuration, got {document.get('kind')!r}")
-    known = {"apiVersion", "kind", *PROCESS_SECTIONS}
+    known = {"apiVersion", "kind", "featureGates", *PROCESS_SECTIONS}
     known |= {"waitForPodsReady", "fairSharing", "integrations", "manageJobsWithoutQueueName"}
     known |= {"managedJobsNamespaceSelector", "namespaceSelector"}
     for key in document:
@@ -138,6 +141,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
     _wait_for_pods_ready(document.get("waitForPodsReady"), values, problems)
     _fair_sharing(document.get("fairSharing"), values, problems)
     _integrations(document.get("integrations"), values, problems)
+    other_gates = _feature_gates(document.get("featureGates"), values, problems)
     if document.get("manageJobsWithoutQueueName") not in (None, False):
         problems.append(
             "manageJobsWithoutQueueName: Phalanx manages only Jobs labelled "
@@ -150,7 +154,22 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
             )
     if problems:
         raise ConfigFileError(source, problems)
-    return ConfigFile(ignored=tuple(k for k in PROCESS_SECTIONS if k in document), **values)
+    ignored = tuple(k for k in PROCESS_SECTIONS if k in document) + other_gates
+    return ConfigFile(ignored=ignored, **values)
+
+
+def _feature_gates(raw: Any, values: dict[str, Any], problems: list[str]) -> tuple[str, ...]:
+    """Kueue's ``featureGates`` map; returns the gates read past, as ``featureGates.Name``."""
+    gates = _mapping(raw, "featureGates", problems)
+    other: list[str] = []
+    for name, enabled in gates.items():
+        if not isinstance(enabled, bool):
+            problems.append(f"featureGates.{name}: must be true or false, got {enabled!r}")
+        elif name == "TASBalancedPlacement":
+            values["tas_balanced_placement"] = enabled
+        else:
+            other.append(f"featureGates.{name}")
+    return tuple(other)
 
 
 def _mapping(value: Any, where: str, problems: list[str]) -> Mapping[str, Any]:

@@ -86,7 +86,7 @@ class SchedulingLoop:
         self.jobs = jobs
         self.metrics = metrics
         self.config = config
-        self.oracle = TopologyOracle()
+        self.oracle = TopologyOracle(balanced_placement=config.tas_balanced_placement)
         pods_ready = config.wait_for_pods_ready
         self.scheduler = Scheduler(
             config=SchedulerConfig(

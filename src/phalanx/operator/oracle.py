@@ -35,8 +35,8 @@ class TopologyOracle(TopologyPlacement):
     """The placement trees of the cluster's TAS flavors, fed by the operator; the admission
     core places, reserves and releases through ``TopologyPlacement``, shared with the bench."""
 
-    def __init__(self) -> None:
-        super().__init__(self)
+    def __init__(self, *, balanced_placement: bool = False) -> None:
+        super().__init__(self, balanced_placement=balanced_placement)
         self.flavors: dict[str, FlavorTopology] = {}
         self.errors: dict[str, str] = {}
         """flavor -> why it has no placement tree (e.g. its Topology is missing or invalid)."""

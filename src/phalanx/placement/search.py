@@ -13,6 +13,10 @@ For one pod set:
 Slices (``slice_level`` S, ``slice_size`` z): above S capacity is counted in whole slices
 (a domain at S holds ``capacity // z`` slices), so every z consecutive pods share a domain of S.
 
+With ``balanced`` (Kueue's ``TASBalancedPlacement``), a PREFERRED pod set first tries
+``phalanx.placement.balanced``: the same number of domains, the pods spread evenly over them;
+best fit is the fallback.
+
 A gang's pod sets are placed in order, each seeing the usage of the ones before it; any failure
 rolls back what was applied, so a gang is placed whole or not at all.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeVar
 
 from phalanx.placement import explain
+from phalanx.placement.balanced import balanced_shares
 from phalanx.placement.capacity import Path, ShapeCache
 from phalanx.placement.model import GangRequest, PodSetRequest, TopologyMode
 from phalanx.placement.result import (
@@ -43,16 +48,22 @@ _T = TypeVar("_T")
 
 
 def place_gang(
-    topo: FlavorTopology, gang: GangRequest, *, explain: bool, commit: bool
+    topo: FlavorTopology,
+    gang: GangRequest,
+    *,
+    explain: bool,
+    commit: bool,
+    balanced: bool = False,
 ) -> PlacementResult:
-    """Place every pod set of ``gang``; keep the usage applied only if ``commit`` and placed."""
+    """Place every pod set of ``gang``; keep the usage applied only if ``commit`` and placed.
+    ``balanced`` turns on Kueue's balanced placement for PREFERRED pod sets."""
     applied: list[tuple[str, tuple[tuple[str, int], ...], int]] = []
     placements: list[PodSetPlacement] = []
     affinity: set[Path] = set()
     placed = False
     try:
         for index, pod_set in enumerate(gang.pod_sets):
-            outcome = _place_pod_set(topo, gang.key, pod_set, affinity, explain)
+            outcome = _place_pod_set(topo, gang.key, pod_set, affinity, explain, balanced)
             if isinstance(outcome, PlacementFailure):
                 return PlacementResult(gang.key, None, outcome)
             placement, shape = outcome
@@ -78,6 +89,7 @@ def _place_pod_set(
     pod_set: PodSetRequest,
     affinity: set[Path],
     explain_: bool,
+    balanced: bool = False,
 ) -> tuple[PodSetPlacement, ShapeCache] | PlacementFailure:
     shape = topo.shape(pod_set)
     request = pod_set.topology
@@ -133,6 +145,26 @@ def _place_pod_set(
 
     units = _units_fn(topo, shape, slice_depth, size)
     need = pod_set.count // size
+    out: NodeCounts = []
+    if (
+        balanced
+        and request.mode is TopologyMode.PREFERRED
+        and shape.cap.get((), 0) >= pod_set.count
+    ):
+        shares = balanced_shares(
+            topo,
+            pods=shape.cap,
+            units=units,
+            depth=depth,
+            slice_depth=topo.depth if slice_depth is None else slice_depth,
+            size=size,
+            need=need,
+        )
+        if shares is not None:
+            share_depth, parts = shares
+            for domain, slices in sorted(parts):
+                _descend(topo, shape, domain, share_depth, slices, slice_depth, size, out)
+            return _placement(topo, pod_set, out), shape
     chosen: tuple[Path, int] | None = None
     if shape.cap.get((), 0) >= pod_set.count:
         bottom = depth if request.mode is TopologyMode.REQUIRED else 0
@@ -159,11 +191,14 @@ def _place_pod_set(
             slice_size=size,
             explain=explain_,
         )
-    out: NodeCounts = []
     _descend(topo, shape, chosen[0], chosen[1], need, slice_depth, size, out)
+    return _placement(topo, pod_set, out), shape
+
+
+def _placement(topo: FlavorTopology, pod_set: PodSetRequest, out: NodeCounts) -> PodSetPlacement:
     domains = tuple(DomainAssignment(topo.node_path(node), node, n) for node, n in out)
     fit_level = _fit_level(topo, domains)
-    return PodSetPlacement(pod_set.name, pod_set.count, levels, fit_level, domains), shape
+    return PodSetPlacement(pod_set.name, pod_set.count, topo.levels, fit_level, domains)
 
 
 def _units_fn(

@@ -185,15 +185,20 @@ class FlavorTopology:
             shape.refresh_node(node, allocatable, current, ancestors)
 
     # ---------------------------------------------------------------- reservations
-    def place(self, gang: GangRequest, *, explain: bool = True) -> PlacementResult:
-        """What-if: where the gang would go now. Never changes any state."""
-        return search.place_gang(self, gang, explain=explain, commit=False)
+    def place(
+        self, gang: GangRequest, *, explain: bool = True, balanced: bool = False
+    ) -> PlacementResult:
+        """What-if: where the gang would go now. Never changes any state. ``balanced`` is
+        Kueue's TASBalancedPlacement for preferred pod sets (see placement.balanced)."""
+        return search.place_gang(self, gang, explain=explain, commit=False, balanced=balanced)
 
-    def reserve(self, gang: GangRequest, *, explain: bool = True) -> PlacementResult:
+    def reserve(
+        self, gang: GangRequest, *, explain: bool = True, balanced: bool = False
+    ) -> PlacementResult:
         """Place the gang and hold its capacity until :meth:`release`."""
         if gang.key in self._reservations:
             raise ValueError(f"gang {gang.key!r} already holds a reservation; release it first")
-        result = search.place_gang(self, gang, explain=explain, commit=True)
+        result = search.place_gang(self, gang, explain=explain, commit=True, balanced=balanced)
         if result.placement is not None:
             requests = {ps.name: ps.requests for ps in gang.pod_sets}
             self._record(Reservation.from_placement(result.placement, requests))

@@ -130,3 +130,23 @@ def test_an_invalid_file_stops_the_operator_before_it_connects(tmp_path: Path, c
     err = capsys.readouterr().err
     assert f"error: --config: invalid configuration {path}:" in err
     assert "fairSharing.enable: must be true or false, got 'on'" in err
+
+
+def test_feature_gate_tas_balanced_placement_is_honoured_and_other_gates_read_past():
+    document = {
+        **_shipped(),
+        "featureGates": {"TASBalancedPlacement": True, "TopologyAwareScheduling": True},
+    }
+    settings = parse(document)
+    assert settings.tas_balanced_placement is True
+    assert settings.ignored == ("featureGates.TopologyAwareScheduling",)
+    assert parse(_shipped()).tas_balanced_placement is None  # Kueue's default: off
+    with pytest.raises(ConfigFileError, match=r"featureGates.TASBalancedPlacement: must be true"):
+        parse({**_shipped(), "featureGates": {"TASBalancedPlacement": "yes"}})
+
+
+def test_the_operators_placement_oracle_takes_the_gate():
+    from phalanx.operator.oracle import TopologyOracle
+
+    assert TopologyOracle(balanced_placement=True).balanced_placement is True
+    assert TopologyOracle().balanced_placement is False
