@@ -1,7 +1,7 @@
 """phalanx.api: the Kueue v1beta2 API that Phalanx serves.
 
-Pydantic models of the seven kinds (spec and status, Kueue's field names on the wire and
-snake_case in Python), their validation with field paths, the cross-field rules shared by
+Pydantic models of the Kueue kinds Phalanx serves (spec and status, Kueue's field names on the
+wire and snake_case in Python), their validation with field paths, the cross-field rules shared by
 ``phalanx validate`` and the CRDs' CEL, and the CRD generator. Converting the models into the
 core's frozen dataclasses is the next layer's job; the models stay plain data here.
 

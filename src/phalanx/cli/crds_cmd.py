@@ -12,7 +12,7 @@ from phalanx.api.crds import write_crds
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "crds",
-        help="write the CRDs (apiextensions.k8s.io/v1) of the seven Kueue v1beta2 kinds",
+        help="write the CRDs (apiextensions.k8s.io/v1) of the Kueue v1beta2 kinds Phalanx serves",
         description="Generate one CustomResourceDefinition file per kind from Phalanx's API"
         " models. The repository's crds/ folder is exactly this output (make crds).",
     )

@@ -96,6 +96,8 @@ class AdmissionCheckSync:
             or cond.is_true(conditions, cond.FINISHED)
         ):
             return  # the admission write has not landed yet, or nothing is left to do
+        if self.state.get("ClusterQueue", cq) is None:
+            return  # Kueue syncs checks only against a ClusterQueue it can read
         states = status.get("admissionChecks") or []
         required = self.checks_for(cq, admission)
         if ac.sync_states(states, required, now_ms=now_ms) is not None:
@@ -133,7 +135,10 @@ class AdmissionCheckSync:
             if not admission or not cond.is_true(status.get("conditions"), cond.QUOTA_RESERVED):
                 return None
             now = _now_ms()
-            required = self.checks_for(str(admission.get("clusterQueue")), admission)
+            cq = str(admission.get("clusterQueue"))
+            if self.state.get("ClusterQueue", cq) is None:
+                return None
+            required = self.checks_for(cq, admission)
             states = status.get("admissionChecks") or []
             synced = ac.sync_states(states, required, now_ms=now)
             if synced is not None:

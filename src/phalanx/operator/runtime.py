@@ -36,6 +36,7 @@ from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, ApiError, KubeAp
 from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.provisioning import ProvisioningController
 from phalanx.operator.queuestatus import QueueStatus
 from phalanx.operator.serving import Endpoints
 from phalanx.operator.state import ClusterState
@@ -312,6 +313,7 @@ class PhalanxOperator:
             else None
         )
         self.ungate = GateRemover(write_api, self.state, self.metrics)
+        self.provisioning = ProvisioningController(write_api, self.state, self.writer)
         self.loop = SchedulingLoop(
             api=write_api,
             state=self.state,
@@ -331,7 +333,16 @@ class PhalanxOperator:
         )
         self.loop.on_cycle.append(lambda _result: self.heartbeat.beat())
         self._components = [
-            c for c in (self.writer, self.jobs, self.ungate, self.queue_status, self.loop) if c
+            c
+            for c in (
+                self.writer,
+                self.jobs,
+                self.ungate,
+                self.queue_status,
+                self.loop,
+                self.provisioning,
+            )
+            if c
         ]
         if self._test_hooks:
             self._hooks = _SchedulerHooks(self.loop)
