@@ -204,9 +204,7 @@ def test_an_unknown_workload_priority_class_is_an_error_naming_the_label() -> No
 def test_min_parallelism_is_an_integer_above_zero_below_parallelism(
     text: str, parallelism: int, expected: int | None
 ) -> None:
-    job = make_job(
-        parallelism=parallelism, annotations={jobs.JOB_MIN_PARALLELISM_ANNOTATION: text}
-    )
+    job = make_job(parallelism=parallelism, annotations={jobs.JOB_MIN_PARALLELISM_ANNOTATION: text})
     if expected is None:
         with pytest.raises(jobs.InvalidJob, match=jobs.JOB_MIN_PARALLELISM_ANNOTATION):
             jobs.workload_for_job(job, priority=jobs.PriorityResolution(0, None))
