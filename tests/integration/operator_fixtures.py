@@ -38,7 +38,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def kueue_crds(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The seven Kueue CRDs, generated from the models (the same bytes as crds/), installed."""
+    """The Kueue CRDs, generated from the models (the same bytes as crds/), installed."""
     out = tmp_path_factory.mktemp("crds")
     subprocess.run([str(PHALANX), "crds", "--output", str(out)], check=True)
     cluster.apply_crds(p.read_text() for p in sorted(out.glob("*.yaml")))

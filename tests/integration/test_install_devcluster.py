@@ -92,7 +92,7 @@ def test_the_devcluster_overlay_is_accepted(
     crds = [
         doc["metadata"]["name"] for doc in rendered if doc["kind"] == "CustomResourceDefinition"
     ]
-    assert len(crds) == 7
+    assert len(crds) == 9  # the Kueue kinds Phalanx serves
     cluster.kubectl_ok(
         "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in crds]
     )

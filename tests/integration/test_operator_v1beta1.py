@@ -215,11 +215,19 @@ def test_objects_written_in_v1beta1_are_stored_as_v1beta2_and_read_back_identica
     )
     assert "priorityClassRef" not in read
 
-    # A v1beta1 field Phalanx refuses in v1beta2 is refused in v1beta1 too, naming it.
-    bad = {**objects[2], "metadata": {"name": name + "-checks"}}
-    bad["spec"] = {**bad["spec"], "admissionChecks": ["prov"]}
+    # A field Phalanx refuses in v1beta2 is refused in v1beta1 too, naming it.
+    bad = {**objects[2], "metadata": {"name": name + "-scope"}}
+    bad["spec"] = {**bad["spec"], "admissionScope": {"admissionMode": "NoAdmissionFairSharing"}}
     refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(bad))
-    assert refused.returncode != 0 and "admissionChecks" in refused.stderr, refused.stderr
+    assert refused.returncode != 0 and "admissionScope" in refused.stderr, refused.stderr
+
+    # v1beta1's list of admission check names is v1beta2's admissionChecksStrategy.
+    cleanup.append(f"clusterqueue.kueue.x-k8s.io/{name}-checks")
+    checked = {**objects[2], "metadata": {"name": name + "-checks"}}
+    checked["spec"] = {**checked["spec"], "admissionChecks": ["prov"]}
+    apply(cluster, checked)
+    strategy = _get(cluster, "clusterqueues", "v1beta2", name + "-checks")["spec"]
+    assert strategy["admissionChecksStrategy"] == {"admissionChecks": [{"name": "prov"}]}
 
 
 def test_queue_usage_reads_through_v1beta1_as_kueue_clients_read_it(
