@@ -412,6 +412,19 @@ def test_job_runs_only_once_its_provisioning_request_is_provisioned(
         lambda: (j := get(cluster, "job", "train", namespace)) and not j["spec"]["suspend"] and j,
         log=log,
     )
+    events = {
+        e["reason"]: e["message"]
+        for e in get_list(
+            cluster,
+            "events",
+            namespace,
+            "--field-selector",
+            f"involvedObject.name={wl_name}",
+        )
+    }
+    assert events["QuotaReserved"].startswith(f"Quota reserved in ClusterQueue {CQ}"), events
+    assert events["Admitted"].startswith(f"Admitted by ClusterQueue {CQ}, wait time since"), events
+    assert "ProvisioningRequestCreated" in events and "AdmissionCheckUpdated" in events, events
     annotations = started["spec"]["template"]["metadata"]["annotations"]
     assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"] == request_name
     assert started["spec"]["template"]["spec"]["nodeSelector"][POOL_LABEL] == POOL

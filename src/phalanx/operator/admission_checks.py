@@ -32,6 +32,7 @@ __all__ = [
     "applicable_checks",
     "checks_message",
     "in_state",
+    "parse_time",
     "quota_reserved",
     "reset_on_eviction",
     "retry_requeue_at",
@@ -224,7 +225,7 @@ def retry_requeue_at(states: Iterable[Mapping[str, Any]] | None) -> int | None:
     latest = None
     for c in in_state(states, RETRY):
         after = c.get("requeueAfterSeconds")
-        since = _parse_time(c.get("lastTransitionTime"))
+        since = parse_time(c.get("lastTransitionTime"))
         if after is None or since is None:
             continue
         at = since + int(after) * 1000
@@ -258,7 +259,8 @@ class PodSetChanges:
         return changes
 
 
-def _parse_time(value: object) -> int | None:
+def parse_time(value: object) -> int | None:
+    """An RFC 3339 timestamp in ms since the epoch; None when it is not one."""
     if not isinstance(value, str):
         return None
     try:

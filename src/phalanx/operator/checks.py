@@ -157,10 +157,18 @@ class AdmissionCheckSync:
             outcome = await self.writer.apply_status(key, build, verb=verb)
             if outcome.ok:
                 workload = self.state.get("Workload", key)
+                conditions = ((workload or {}).get("status") or {}).get("conditions")
                 if workload is not None and verb == "admit-checks":
+                    reserved = cond.condition(conditions, cond.QUOTA_RESERVED) or {}
+                    since = ac.parse_time(reserved.get("lastTransitionTime"))
+                    wait = max(0, _now_ms() - since) / 1000 if since else 0.0
+                    admission = (workload.get("status") or {}).get("admission") or {}
                     logger.info("event=admitted_after_checks workload=%s", key)
                     await self.writer.event(
-                        workload, reason="Admitted", message="The workload is admitted"
+                        workload,
+                        reason="Admitted",
+                        message=f"Admitted by ClusterQueue {admission.get('clusterQueue')},"
+                        f" wait time since reservation was {wait:.0f}s",
                     )
         finally:
             self._busy.discard(key)

@@ -326,7 +326,18 @@ class SchedulingLoop:
             ",".join(sorted({f for ps in admit.admission.pod_sets for f in ps.flavors.values()})),
             wait,
         )
-        if workload:
+        if workload and not cond.is_true(
+            (workload.get("status") or {}).get("conditions"), cond.ADMITTED
+        ):
+            # Admission checks pending: only the quota is reserved (Kueue's event); the
+            # Admitted event comes when they are all Ready (phalanx.operator.checks).
+            await self.writer.event(
+                workload,
+                reason="QuotaReserved",
+                message=f"Quota reserved in ClusterQueue {admit.admission.cluster_queue}, "
+                f"wait time since queued was {wait:.0f}s",
+            )
+        elif workload:
             await self.writer.event(
                 workload,
                 reason="Admitted",
