@@ -249,6 +249,7 @@ def _start_all(
     pki = ensure_pki(layout.pki_dir, service_ip=components.SERVICE_IP)
     _write_kubeconfigs(layout, pki, ports)
     shutil.copyfile(pins.repo_root() / "devcluster" / "kwok-stages.yaml", layout.kwok_config)
+    shutil.copyfile(pins.repo_root() / "devcluster" / "audit-policy.yaml", layout.audit_policy)
     layout.etcd_data.mkdir(parents=True, exist_ok=True, mode=0o700)
     records: dict[str, ProcessRecord] = {}
 

@@ -117,6 +117,15 @@ class Layout:
     def kwok_config(self) -> Path:
         return self.state_dir / "kwok-stages.yaml"
 
+    @property
+    def audit_policy(self) -> Path:
+        return self.state_dir / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """Requests of phalanx-system's ServiceAccounts (devcluster/audit-policy.yaml)."""
+        return self.logs_dir / "audit.log"
+
     def kubeconfig(self, user: str) -> Path:
         return self.state_dir / "kubeconfig" / f"{user}.yaml"
 
@@ -164,13 +173,24 @@ def argv(component: str, *, bin_dir: Path, layout: Layout, ports: Ports, pki: Pk
             f"--client-ca-file={pki.ca.cert}",
             "--authorization-mode=Node,RBAC",
             # Defaults stay on (NamespaceLifecycle, ServiceAccount, Priority, ResourceQuota,
-            # admission webhooks, ...); NodeRestriction is added as a real cluster has it.
-            "--enable-admission-plugins=NodeRestriction",
+            # admission webhooks, ...); NodeRestriction is added as a real cluster has it, and
+            # OwnerReferencesPermissionEnforcement as OpenShift has it (an owner reference with
+            # blockOwnerDeletion needs update on the owner's finalizers).
+            "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
             f"--service-account-issuer={SA_ISSUER}",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--endpoint-reconciler-type=none",
+            # Webhook and conversion Services resolve to an address of their EndpointSlices,
+            # not to their ClusterIP: with no kube-proxy nothing routes a ClusterIP here, and
+            # the in-cluster install (a Service in front of the operator) is tested so, with a
+            # slice naming the host's address.
+            "--enable-aggregator-routing=true",
+            f"--audit-policy-file={layout.audit_policy}",
+            f"--audit-log-path={layout.audit_log}",
+            "--audit-log-maxsize=64",
+            "--audit-log-maxbackup=1",
             # Request-header (front proxy) auth as a real cluster configures it; without it the
             # controller-manager and scheduler log a missing CA bundle on every start.
             f"--requestheader-client-ca-file={pki.ca.cert}",
