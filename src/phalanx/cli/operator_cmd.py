@@ -178,6 +178,15 @@ def register(subparsers: Any) -> None:
         "--webhook-url/--webhook-listen) into --webhook-cert-dir, then exit",
     )
     parser.add_argument(
+        "--webhook-timeout-seconds",
+        type=_webhook_timeout,
+        default=10,
+        metavar="S",
+        help="timeoutSeconds of every webhook, 1 to 10 (10); the webhooks fail closed and "
+        "leave out kube-system and the operator's namespace (or the --config file's "
+        "managedJobsNamespaceSelector)",
+    )
+    parser.add_argument(
         "--no-webhooks", action="store_true", help="serve no webhooks (Jobs are not suspended)"
     )
     parser.add_argument(
@@ -268,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         port=args.webhook_port,
         url=args.webhook_url,
         service=args.webhook_service,
+        timeout_seconds=args.webhook_timeout_seconds,
+        namespace_selector=webhook_namespace_selector(args, settings),
         **({"cert_dir": args.webhook_cert_dir} if args.webhook_cert_dir else {}),
     )
     if args.make_webhook_certs:
@@ -323,6 +334,31 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     return run_operator(config)
+
+
+def _webhook_timeout(value: str) -> int:
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of seconds") from None
+    if not 1 <= seconds <= 10:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 10 (seconds)")
+    return seconds
+
+
+def webhook_namespace_selector(args: argparse.Namespace, settings: ConfigFile) -> dict[str, Any]:
+    """The webhooks' namespaceSelector: the ``--config`` file's managedJobsNamespaceSelector
+    (the manifests and the chart ship the same selector in both places), else every
+    namespace but kube-system and the one the operator runs in (none beside the cluster)."""
+    from phalanx.operator.kubeconfig import service_account_dir
+    from phalanx.operator.webhook_policy import default_namespace_selector, operator_namespace
+
+    if settings.managed_jobs_namespace_selector is not None:
+        return dict(settings.managed_jobs_namespace_selector)
+    own = operator_namespace(
+        env=os.environ, service_account_dir=service_account_dir(), service=args.webhook_service
+    )
+    return default_namespace_selector(own)
 
 
 def wait_for_pods_ready(args: argparse.Namespace, settings: ConfigFile) -> WaitForPodsReady:

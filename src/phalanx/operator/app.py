@@ -22,6 +22,7 @@ from typing import Any
 
 import kopf
 
+from phalanx.operator import webhook_policy
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator
@@ -57,6 +58,17 @@ def build_settings(
         prefix="phalanx.kueue.x-k8s.io", key="last-handled"
     )
     if config.webhook.enabled:
+        # kopf manages the configurations; every webhook in them gets the manifests' settings.
+        webhook_policy.install(
+            config.webhook.configuration_name,
+            webhook_policy.WebhookPolicy(
+                timeout_seconds=config.webhook.timeout_seconds,
+                namespace_selector=(
+                    config.webhook.namespace_selector
+                    or webhook_policy.default_namespace_selector(None)
+                ),
+            ),
+        )
         server = webhook_server(config.webhook)
         settings.admission.server = conversion.serving(server) if conversion else server
         settings.admission.managed = config.webhook.configuration_name

@@ -31,6 +31,11 @@ class WebhookConfig:
     """``namespace/name`` of a Service fronting the webhook (in-cluster deployments)."""
     cert_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "phalanx" / "webhook")
     configuration_name: str = "phalanx.kueue.x-k8s.io"
+    timeout_seconds: int = 10
+    """Every webhook's ``timeoutSeconds`` (1 to 10, as the manifests ship it)."""
+    namespace_selector: Mapping[str, Any] | None = None
+    """Every webhook's ``namespaceSelector``; ``None``: all namespaces but ``kube-system``
+    (webhook_policy resolves the operator's own namespace for ``phalanx operator``)."""
 
 
 @dataclass(frozen=True)

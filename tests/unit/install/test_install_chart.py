@@ -102,3 +102,89 @@ def run_failing(*cmd: Any) -> str:
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
     assert done.returncode != 0, done.stdout
     return done.stderr
+
+
+# -- metrics: one port, HTTPS, a scraper allowed to read them --------------------------------
+
+
+def _metrics_wiring(objects: list[dict[str, Any]]) -> int:
+    """Checks that every object naming the metrics port names the same one, served as HTTPS
+    with token authentication, scraped so; returns the port."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    (deployment,) = by_kind["Deployment"]
+    namespace = deployment["metadata"]["namespace"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    (flag,) = [a for a in args if a.startswith("--metrics-port=")]
+    port = int(flag.split("=", 1)[1])
+    assert not any(a.startswith("--metrics-secure") and a.endswith("false") for a in args)
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    service = next(s for s in by_kind["Service"] if s["metadata"]["name"] == "phalanx-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    for monitor in by_kind.get("ServiceMonitor", []):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
+        assert endpoint["bearerTokenFile"].endswith("/serviceaccount/token")
+        tls = endpoint["tlsConfig"]
+        # The metrics server serves the webhook certificate: its CA, its Service's name.
+        assert tls["ca"]["secret"] == {"name": "phalanx-webhook-certs", "key": "ca.crt"}
+        assert tls["serverName"] == f"phalanx-webhook.{namespace}.svc"
+        for certificate in by_kind.get("Certificate", []):
+            assert tls["serverName"] in certificate["spec"]["dnsNames"]
+        (binding,) = [
+            b
+            for b in by_kind["ClusterRoleBinding"]
+            if b["roleRef"]["name"] == "phalanx-metrics-reader"
+        ]
+        assert binding["roleRef"]["kind"] == "ClusterRole"
+        assert [s["kind"] for s in binding["subjects"]] == ["ServiceAccount"]
+    for policy in by_kind.get("NetworkPolicy", []):
+        if policy["metadata"]["name"] == "phalanx-metrics":
+            (rule,) = policy["spec"]["ingress"]
+            assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+    return port
+
+
+def test_metrics_are_https_on_one_port_in_the_tree_and_the_chart():
+    everything = ("enablePrometheus=true", "enableNetworkPolicy=true", "enableCertManager=true")
+    assert _metrics_wiring(kustomize(MANIFESTS / "default", components=COMPONENTS)) == 8443
+    assert _metrics_wiring(helm_template(*everything)) == 8443
+    moved = helm_template(*everything, "metrics.port=9443", namespace="batch-system")
+    assert _metrics_wiring(moved) == 9443
+
+
+def test_the_prometheus_service_account_and_tls_settings_are_values():
+    objects = helm_template(
+        "enablePrometheus=true",
+        "metrics.prometheusNamespace=obs",
+        "metrics.prometheusServiceAccount=kps-prometheus",
+        "metrics.serviceMonitor.tlsConfig.insecureSkipVerify=true",
+    )
+    (binding,) = [
+        o
+        for o in objects
+        if o["metadata"]["name"] == "phalanx-metrics-reader" and o["kind"] == "ClusterRoleBinding"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kps-prometheus", "namespace": "obs"}
+    ]
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["tlsConfig"] == {"insecureSkipVerify": True}
+
+
+def test_the_operator_is_told_the_webhook_timeout_the_configurations_ship():
+    for objects in (kustomize(MANIFESTS / "default"), helm_template("webhook.timeoutSeconds=5")):
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        (flag,) = [a for a in args if a.startswith("--webhook-timeout-seconds=")]
+        timeouts = {
+            w["timeoutSeconds"]
+            for o in objects
+            if o["kind"].endswith("WebhookConfiguration")
+            for w in o["webhooks"]
+        }
+        assert timeouts == {int(flag.split("=", 1)[1])}

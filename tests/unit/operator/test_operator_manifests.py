@@ -294,18 +294,36 @@ def test_metrics_have_a_service_of_their_own():
 # -- webhook configurations -----------------------------------------------------------------------
 
 
-def _registered_webhooks() -> dict[str, list[dict[str, Any]]]:
-    """What kopf would write into the two configurations for the operator's handlers, behind
-    the manifests' Service: built with kopf's own builder from the operator's registry."""
-    import kopf
+def _operator_args(env: dict[str, str]) -> tuple[Any, Any]:
+    """The Deployment's container args parsed by ``phalanx operator``'s own parser
+    (``$(VAR)`` expanded from ``env`` as the kubelet does), and its ``--config`` file read
+    from the phalanx-config ConfigMap it mounts."""
+    import argparse
+    import re
+
+    from phalanx.cli import operator_cmd
+    from phalanx.operator import configfile
+
+    container = _one("Deployment", "phalanx")["spec"]["template"]["spec"]["containers"][0]
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    parser = argparse.ArgumentParser()
+    operator_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    text = _one("ConfigMap", "phalanx-config")["data"][args.config.name]
+    return args, configfile.parse(yaml.safe_load(text))
+
+
+def _built(
+    registry: Any, *, client_config: dict[str, Any], name: str
+) -> dict[str, list[dict[str, Any]]]:
+    """What kopf writes into the two configurations for a registry's handlers, with the
+    policy installed for ``name``: built by the function kopf's configuration manager calls."""
     from kopf._cogs.structs import references
-    from kopf._core.engines.admission import build_webhooks
+    from kopf._core.engines import admission
     from kopf._core.intents.causes import WebhookType
 
-    from phalanx.operator.webhooks import KUEUE_KINDS, register_webhooks
+    from phalanx.operator.webhooks import KUEUE_KINDS
 
-    registry = kopf.OperatorRegistry()
-    register_webhooks(registry, validator=lambda obj: [], persistent=True)
     resources = [
         references.Resource("batch", "v1", "jobs", kind="Job", namespaced=True),
         *(
@@ -313,20 +331,58 @@ def _registered_webhooks() -> dict[str, list[dict[str, Any]]]:
             for plural, kind in KUEUE_KINDS
         ),
     ]
-    service = {"service": {"name": "phalanx-webhook", "namespace": "phalanx-system", "port": 443}}
     built: dict[str, list[dict[str, Any]]] = {}
     for reason, kind in (
         (WebhookType.MUTATING, "MutatingWebhookConfiguration"),
         (WebhookType.VALIDATING, "ValidatingWebhookConfiguration"),
     ):
         handlers = [h for h in registry._webhooks.get_all_handlers() if h.reason == reason]
-        built[kind] = build_webhooks(
-            handlers,
-            resources=resources,
-            name_suffix=WebhookConfig().configuration_name,
-            client_config=cast(Any, service),
+        built[kind] = admission.build_webhooks(
+            handlers, resources=resources, name_suffix=name, client_config=client_config
         )
     return built
+
+
+def _registered_webhooks() -> dict[str, list[dict[str, Any]]]:
+    """What the operator of manifests/controller keeps in the two configurations, behind the
+    manifests' Service: its registry, and the settings ``phalanx operator`` derives from the
+    Deployment's args and the phalanx-config ConfigMap, installed as the operator installs
+    them (app.build_settings) into kopf's builder."""
+    import kopf
+
+    from phalanx.cli import operator_cmd
+    from phalanx.operator.app import build_settings
+    from phalanx.operator.config import OperatorConfig
+    from phalanx.operator.webhooks import register_webhooks
+
+    args, settings = _operator_args({"POD_NAMESPACE": "phalanx-system", "POD_NAME": "p"})
+    webhook = WebhookConfig(
+        listen_addr=args.webhook_listen,
+        port=args.webhook_port,
+        service=args.webhook_service,
+        cert_dir=Path("/nonexistent"),
+        timeout_seconds=args.webhook_timeout_seconds,
+        namespace_selector=operator_cmd.webhook_namespace_selector(args, settings),
+    )
+    _install_policy(build_settings, OperatorConfig(webhook=webhook))
+    registry = kopf.OperatorRegistry()
+    register_webhooks(registry, validator=lambda obj: [], persistent=True)
+    namespace, _, name = args.webhook_service.partition("/")
+    service = {"service": {"name": name, "namespace": namespace, "port": 443}}
+    return _built(registry, client_config=service, name=webhook.configuration_name)
+
+
+def _install_policy(build_settings: Any, config: Any) -> None:
+    """``build_settings`` installs the policy before it makes the webhook server (which
+    needs certificates this test has not): stop it there."""
+    from unittest import mock
+
+    with mock.patch("phalanx.operator.app.webhook_server", side_effect=_Stop), pytest.raises(_Stop):
+        build_settings(config)
+
+
+class _Stop(Exception):
+    pass
 
 
 def _essentials(webhook: dict[str, Any]) -> dict[str, Any]:
@@ -340,11 +396,18 @@ def _essentials(webhook: dict[str, Any]) -> dict[str, Any]:
         "rules": rules,
         "objectSelector": webhook.get("objectSelector"),
         "sideEffects": webhook["sideEffects"],
+        "failurePolicy": webhook["failurePolicy"],
+        "timeoutSeconds": webhook["timeoutSeconds"],
+        "namespaceSelector": webhook["namespaceSelector"],
+        "matchPolicy": webhook["matchPolicy"],
+        "admissionReviewVersions": webhook["admissionReviewVersions"],
     }
 
 
 @pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
 def test_the_shipped_webhook_configurations_are_the_operators_own(kind: str):
+    """A running operator rewrites the configurations whenever its client config changes: what
+    it writes must be what the manifests ship, or re-applying them would be undone."""
     shipped = _one(kind, WebhookConfig().configuration_name)["webhooks"]
     registered = _registered_webhooks()[kind]
     assert sorted((_essentials(w) for w in shipped), key=lambda w: w["name"]) == sorted(
