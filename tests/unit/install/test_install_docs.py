@@ -39,6 +39,19 @@ def _helm_template(argv: list[str]) -> None:
     assert any(o["kind"] == "Deployment" for o in objects(out))
 
 
+def _image_build(argv: list[str]) -> None:
+    """``docker|buildah build -f FILE -t TAG .``: the Dockerfile is there and the tag is the
+    image the manifests run (building it is tests/integration/test_install_image.py)."""
+    assert argv[-1] == "." and (REPO / argv[argv.index("-f") + 1]).is_file(), argv
+    deployment = next(
+        o
+        for o in objects(run(kubectl(), "kustomize", MANIFESTS / "default"))
+        if o["kind"] == "Deployment"
+    )
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert argv[argv.index("-t") + 1] == image
+
+
 def test_every_command_of_the_page_runs(tmp_path: Path):
     commands = _commands()
     assert commands, "docs/install.md has no commands"
@@ -70,6 +83,8 @@ def test_every_command_of_the_page_runs(tmp_path: Path):
             assert objects(run(kubectl(), *argv[1:]))
         elif program == "helm" and verb in ("install", "upgrade"):
             _helm_template(argv)
+        elif program in ("docker", "buildah") and verb == "build":
+            _image_build(argv)
         elif program == "helm" and verb == "uninstall":
             assert argv[2] == "phalanx" and "phalanx-system" in argv  # the release installed above
         else:
@@ -95,3 +110,12 @@ def test_the_configuration_shown_is_the_shipped_one():
     shipped = yaml.safe_load(configmap["data"]["controller_manager_config.yaml"])
     assert yaml.safe_load(shown) == shipped
     configfile.parse(yaml.safe_load(shown))
+
+
+def test_the_metrics_reader_binding_shown_is_the_components():
+    (shown,) = [b for b in _blocks("yaml") if "kind: ClusterRoleBinding" in b]
+    shipped = yaml.safe_load(
+        (MANIFESTS / "components" / "servicemonitor" / "metrics-reader-binding.yaml").read_text()
+    )
+    shipped["metadata"].pop("labels")
+    assert yaml.safe_load(shown) == shipped
