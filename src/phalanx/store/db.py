@@ -1,0 +1,175 @@
+"""Opening the store, migrating it, and writing events into it idempotently."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, select, tuple_
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from phalanx.store.events import Event
+from phalanx.store.models import EventResource, WorkloadEvent
+
+__all__ = [
+    "DEFAULT_PATH",
+    "StoreError",
+    "current_revision",
+    "default_url",
+    "downgrade",
+    "head_revision",
+    "open_engine",
+    "upgrade",
+    "write_events",
+]
+
+DEFAULT_PATH = Path("~/.local/state/phalanx/store.db")
+"""Where the SQLite store lives unless ``--store`` or ``$PHALANX_STORE`` names another; in a
+cluster, point it at a volume (or a PostgreSQL URL)."""
+
+STORE_ENV = "PHALANX_STORE"
+
+
+class StoreError(Exception):
+    """A store URL that cannot be used, with what to do about it."""
+
+
+def default_url() -> str:
+    """``$PHALANX_STORE``, else a SQLite file under ``~/.local/state/phalanx``."""
+    return os.environ.get(STORE_ENV) or f"sqlite:///{DEFAULT_PATH.expanduser()}"
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for ``url``: ``sqlite:///PATH`` (the folder is created) or
+    ``postgresql+psycopg://...`` (``postgresql://`` means the same)."""
+    try:
+        parsed = make_url(url)
+    except Exception as error:  # sqlalchemy raises ArgumentError; any parse failure is ours
+        raise StoreError(
+            f"--store {url!r} is not a database URL; use sqlite:///PATH or"
+            " postgresql://USER@HOST:PORT/DB"
+        ) from error
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            path = Path(parsed.database).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            parsed = parsed.set(database=str(path))
+        engine = create_engine(parsed, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, pool_pre_ping=True)
+    raise StoreError(
+        f"--store {url!r}: backend {parsed.get_backend_name()!r} is not supported;"
+        " use sqlite:///PATH or postgresql://..."
+    )
+
+
+def _alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", "phalanx.store:migrations")
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply the shipped migrations up to ``revision``."""
+    command.upgrade(_alembic_config(engine), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    command.downgrade(_alembic_config(engine), revision)
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(
+        _alembic_config(create_engine("sqlite://"))
+    ).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def write_events(engine: Engine, events: Sequence[Event]) -> int:
+    """Insert the events not yet stored, in one transaction; return how many were new.
+
+    Existing keys are read first; a concurrent writer (an old leader still flushing) that
+    inserts the same key in between makes the batch fail on the unique key, and it is then
+    written one event at a time, each skipping what is there.
+    """
+    unique = list({e.key: e for e in events}.values())
+    if not unique:
+        return 0
+    try:
+        with Session(engine) as session, session.begin():
+            return _insert_missing(session, unique)
+    except IntegrityError:
+        written = 0
+        for one in unique:
+            try:
+                with Session(engine) as session, session.begin():
+                    written += _insert_missing(session, [one])
+            except IntegrityError:
+                continue  # stored by the other writer meanwhile: that is the row we want
+        return written
+
+
+def _insert_missing(session: Session, events: Sequence[Event]) -> int:
+    present: set[tuple[str, str, object]] = set()
+    for chunk in _chunks(events, 300):
+        keys = [(e.uid, e.transition, e.at) for e in chunk]
+        rows = session.execute(
+            select(WorkloadEvent.uid, WorkloadEvent.transition, WorkloadEvent.at).where(
+                tuple_(WorkloadEvent.uid, WorkloadEvent.transition, WorkloadEvent.at).in_(keys)
+            )
+        )
+        present.update((uid, transition, at) for uid, transition, at in rows)
+    new = [e for e in events if e.key not in present]
+    session.add_all(_row(e) for e in new)
+    return len(new)
+
+
+def _row(event: Event) -> WorkloadEvent:
+    return WorkloadEvent(
+        uid=event.uid,
+        transition=event.transition,
+        at=event.at,
+        namespace=event.namespace,
+        name=event.name,
+        local_queue=event.local_queue,
+        cluster_queue=event.cluster_queue,
+        priority=event.priority,
+        reason=event.reason,
+        message=event.message,
+        flavors={k: dict(v) for k, v in event.flavors.items()} if event.flavors else None,
+        topology=[dict(t) for t in event.topology] if event.topology else None,
+        resources=[
+            EventResource(pod_set=u.pod_set, resource=u.resource, flavor=u.flavor, amount=u.amount)
+            for u in event.usage
+        ],
+    )
+
+
+def _chunks(items: Sequence[Event], size: int) -> Iterable[Sequence[Event]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
