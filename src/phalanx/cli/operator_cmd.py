@@ -151,6 +151,14 @@ def register(subparsers: Any) -> None:
         help="/healthz fails when the scheduling replica completed no cycle for this long (20)",
     )
     parser.add_argument(
+        "--store",
+        metavar="URL",
+        default=None,
+        help="usage history store: sqlite:///PATH or postgresql://USER@HOST:PORT/DB, or off "
+        "(default: $PHALANX_STORE, else sqlite:///~/.local/state/phalanx/store.db); "
+        "docs/store.md",
+    )
+    parser.add_argument(
         "--webhook-port", type=int, default=9443, help="port of the webhook server (9443)"
     )
     parser.add_argument(
@@ -321,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
         health_addr=args.health_probe_listen,
         cert_check_seconds=args.cert_check_seconds,
         liveness_stall_seconds=args.liveness_stall_seconds,
+        store_url=_store_url(args.store),
         webhook=webhook,
         wait_for_pods_ready=wait_for_pods_ready(args, settings),
         fair_sharing=bool(settings.fair_sharing and settings.fair_sharing.enabled),
@@ -334,6 +343,14 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     return run_operator(config)
+
+
+def _store_url(value: str | None) -> str | None:
+    from phalanx.store.db import default_url
+
+    if value == "off":
+        return None
+    return value or default_url()
 
 
 def _webhook_timeout(value: str) -> int:

@@ -95,6 +95,9 @@ class OperatorConfig:
     preferred pod sets are spread evenly over the fewest domains (docs/placement.md)."""
     leader_election: LeaderElectionConfig | None = None
     """With leader election, only the replica holding the Lease schedules and writes."""
+    store_url: str | None = None
+    """The usage history store (``--store``; docs/store.md): the leader writes Workload
+    lifecycle events there. None: nothing is recorded."""
     liveness_stall_seconds: float = 20.0
     """The liveness probe fails when this replica schedules (leader, or no leader election)
     and no scheduling cycle completed for this long; the loop completes one every couple of

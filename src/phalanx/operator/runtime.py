@@ -30,6 +30,7 @@ from typing import Any
 from phalanx.operator import kubeconfig
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
+from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.informer import Informer
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, ApiError, KubeApi, Resource
@@ -332,6 +333,18 @@ class PhalanxOperator:
             lambda _result: self.queue_status.snapshot(loop.scheduler, loop.bridge.invalid_admin)
         )
         self.loop.on_cycle.append(lambda _result: self.heartbeat.beat())
+        # The usage history store: only the leader's components start, so only it writes.
+        self.history = (
+            HistoryRecorder(
+                self.state,
+                self.metrics.registry,
+                url=self.config.store_url,
+                ready=self.synced_event,
+                namespaces=self.config.namespaces,
+            )
+            if self.config.store_url
+            else None
+        )
         self._components = [
             c
             for c in (
@@ -341,6 +354,7 @@ class PhalanxOperator:
                 self.queue_status,
                 self.loop,
                 self.provisioning,
+                self.history,
             )
             if c
         ]

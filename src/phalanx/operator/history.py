@@ -1,0 +1,289 @@
+"""The usage history writer: Workload lifecycle events into the store, off the hot path.
+
+Fed by the cluster state's change feed (every Workload version the operator observes, its own
+status writes included), it derives events (:func:`phalanx.store.events.events_of`) into a
+bounded backlog and a background task writes them in batches, in a worker thread. Scheduling
+never waits on the database:
+
+- the listener only derives and enqueues; a full backlog drops the newest events, counts them
+  (``phalanx_store_events_dropped_total``) and marks a resync;
+- while the database is slow or down, writes back off (up to 30 s) and the backlog stays
+  (``phalanx_store_backlog_events``, ``phalanx_store_up``);
+- on start (as leader, once the informers have listed), and after a write succeeds again
+  following dropped events, the gap is filled from the API's state: every Workload held is
+  derived again (its conditions carry the transitions' times, so nothing is counted twice), and
+  reservations the store holds open for Workloads no longer in the API end as ``deleted``.
+
+What a resync cannot recover is a transition whose condition was overwritten meanwhile (an
+eviction followed by a new admission while the backlog was full): that loss is the dropped
+count, never silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from sqlalchemy import Engine, case, func, select
+
+from phalanx.operator.state import ClusterState
+from phalanx.store import db
+from phalanx.store import events as ev
+from phalanx.store.models import WorkloadEvent
+
+__all__ = ["HistoryRecorder"]
+
+logger = logging.getLogger(__name__)
+
+_Key = tuple[str, str, dt.datetime]
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class HistoryRecorder:
+    """Writes what Workloads went through into the store; only the leader starts it."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        registry: CollectorRegistry,
+        *,
+        url: str,
+        ready: asyncio.Event | None = None,
+        namespaces: tuple[str, ...] = (),
+        max_backlog: int = 100_000,
+        batch_size: int = 500,
+        flush_interval: float = 1.0,
+        max_backoff: float = 30.0,
+        clock: Callable[[], dt.datetime] = _utcnow,
+        engine: Engine | None = None,
+    ) -> None:
+        self.state = state
+        self.url = url
+        self.ready = ready
+        self.namespaces = namespaces
+        """The namespaces this operator watches (all when empty): only there does a Workload
+        missing from the state mean it is gone."""
+        self.max_backlog = max_backlog
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.max_backoff = max_backoff
+        self._clock = clock
+        self._engine = engine
+        self._backlog: dict[_Key, ev.Event] = {}
+        self._written: dict[str, set[_Key]] = {}
+        """Per live Workload UID, the keys already stored (forgotten when it is deleted)."""
+        self._names: dict[str, dict[str, Any]] = {}
+        """Workload key -> its last object, for the deletion event (the feed sends None)."""
+        self._active = False
+        self._resync_needed = False
+        self._migrated = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.backlog_gauge = Gauge(
+            "phalanx_store_backlog_events",
+            "Workload lifecycle events waiting to be written to the usage history store",
+            registry=registry,
+        )
+        self.up = Gauge(
+            "phalanx_store_up",
+            "1 when the last write to the usage history store succeeded, else 0",
+            registry=registry,
+        )
+        self.written_total = Counter(
+            "phalanx_store_events_written",
+            "Workload lifecycle events written to the usage history store (new rows)",
+            registry=registry,
+        )
+        self.dropped_total = Counter(
+            "phalanx_store_events_dropped",
+            "Events dropped because the backlog was full (a resync from the API follows)",
+            registry=registry,
+        )
+        self.errors_total = Counter(
+            "phalanx_store_write_errors",
+            "Failed writes to the usage history store (each is retried)",
+            registry=registry,
+        )
+        self.backlog_gauge.set_function(lambda: len(self._backlog))
+        state.subscribe(self._on_change)
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    # -- the feed (on the event loop, cheap) --------------------------------------------------
+
+    def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
+        if kind != "Workload" or not self._active:
+            return
+        if obj is None:
+            last = self._names.pop(key, None)
+            deleted = ev.deleted_event(last, at=self._clock()) if last is not None else None
+            if deleted is not None:
+                self._enqueue([deleted])
+            return
+        self._names[key] = {"metadata": obj.get("metadata"), "spec": obj.get("spec")}
+        self._enqueue(ev.events_of(obj))
+
+    def _enqueue(self, events: list[ev.Event]) -> None:
+        for event in events:
+            if event.key in self._backlog or event.key in self._written.get(event.uid, ()):
+                continue
+            if len(self._backlog) >= self.max_backlog:
+                self.dropped_total.inc()
+                if not self._resync_needed:
+                    logger.warning(
+                        "event=store_backlog_full backlog=%d action=drop_then_resync",
+                        len(self._backlog),
+                    )
+                self._resync_needed = True
+                continue
+            self._backlog[event.key] = event
+        if self._backlog:
+            self._wake.set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="phalanx-history")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._active = False
+        if self._backlog and self._migrated:
+            # A clean stop (leader hand-over) writes what it can in a few seconds; the next
+            # leader's resync fills whatever is left.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.flush_once(), timeout=5.0)
+        if self._engine is not None:
+            self._engine.dispose()
+
+    async def _run(self) -> None:
+        if self.ready is not None:
+            await self.ready.wait()
+        self._active = True
+        backoff = self.flush_interval
+        while True:
+            try:
+                if not self._migrated:
+                    await asyncio.to_thread(self._migrate)
+                    self._resync_needed = True
+                if self._resync_needed:
+                    await self.resync()
+                while self._backlog:
+                    await self.flush_once()
+                self.up.set(1)
+                backoff = self.flush_interval
+            except Exception as error:  # the database, never the scheduler: retry later
+                self.errors_total.inc()
+                self.up.set(0)
+                logger.warning(
+                    "event=store_write_failed error=%r backlog=%d retry_in=%.1f",
+                    error,
+                    len(self._backlog),
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+                continue
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.flush_interval * 10)
+            await asyncio.sleep(self.flush_interval)  # batch what arrives meanwhile
+
+    def _engine_or_open(self) -> Engine:
+        if self._engine is None:
+            self._engine = db.open_engine(self.url)
+        return self._engine
+
+    def _migrate(self) -> None:
+        engine = self._engine_or_open()
+        db.upgrade(engine)
+        self._migrated = True
+        logger.info("event=store_ready url=%s revision=%s", _redacted(self.url), db.head_revision())
+
+    async def flush_once(self) -> int:
+        """Write one batch of the backlog; on success drop it from the backlog."""
+        batch = list(self._backlog.values())[: self.batch_size]
+        if not batch:
+            return 0
+        engine = self._engine_or_open()
+        written = await asyncio.to_thread(db.write_events, engine, batch)
+        for event in batch:
+            self._backlog.pop(event.key, None)
+            self._written.setdefault(event.uid, set()).add(event.key)
+            if event.transition == ev.DELETED:
+                self._written.pop(event.uid, None)
+        self.written_total.inc(written)
+        return written
+
+    async def resync(self) -> None:
+        """Fill the gap from the API's state (see the module docstring)."""
+        self._active = True
+        live: set[str] = set()
+        for key, workload in list(self.state.objects["Workload"].items()):
+            self._names[key] = {"metadata": workload.get("metadata"), "spec": workload.get("spec")}
+            uid = (workload.get("metadata") or {}).get("uid")
+            if uid:
+                live.add(str(uid))
+            self._enqueue(ev.events_of(workload))
+        engine = self._engine_or_open()
+        open_ = await asyncio.to_thread(_open_workloads, engine)
+        now = self._clock()
+        gone = [
+            row
+            for row in open_
+            if row["uid"] not in live
+            and (not self.namespaces or row["namespace"] in self.namespaces)
+        ]
+        self._enqueue(
+            [
+                ev.Event(
+                    uid=row["uid"],
+                    transition=ev.DELETED,
+                    at=now,
+                    namespace=row["namespace"],
+                    name=row["name"],
+                    reason="NotFoundOnResync",
+                )
+                for row in gone
+            ]
+        )
+        self._resync_needed = False
+        logger.info(
+            "event=store_resync workloads=%d gone=%d backlog=%d",
+            len(live),
+            len(gone),
+            len(self._backlog),
+        )
+
+
+def _open_workloads(engine: Engine) -> list[dict[str, str]]:
+    """Workloads the store has seen neither finish nor be deleted."""
+    closed = func.sum(case((WorkloadEvent.transition.in_((ev.FINISHED, ev.DELETED)), 1), else_=0))
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(
+                WorkloadEvent.uid, func.min(WorkloadEvent.namespace), func.min(WorkloadEvent.name)
+            )
+            .group_by(WorkloadEvent.uid)
+            .having(closed == 0)
+        )
+        return [{"uid": uid, "namespace": ns, "name": name} for uid, ns, name in rows]
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
