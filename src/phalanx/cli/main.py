@@ -11,10 +11,28 @@ import sys
 from collections.abc import Sequence
 
 from phalanx import __version__
-from phalanx.cli import bench_cmd, crds_cmd, demo_cmd, devcluster_cmd, operator_cmd, validate_cmd
+from phalanx.cli import (
+    bench_cmd,
+    crds_cmd,
+    demo_cmd,
+    devcluster_cmd,
+    operator_cmd,
+    report_cmd,
+    store_cmd,
+    validate_cmd,
+)
 
 # Subcommand modules, in the order `phalanx --help` lists them.
-_COMMANDS = (bench_cmd, crds_cmd, devcluster_cmd, operator_cmd, demo_cmd, validate_cmd)
+_COMMANDS = (
+    bench_cmd,
+    crds_cmd,
+    devcluster_cmd,
+    operator_cmd,
+    demo_cmd,
+    validate_cmd,
+    report_cmd,
+    store_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
