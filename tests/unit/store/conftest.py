@@ -1,0 +1,43 @@
+"""The store's tests run on SQLite and on a real PostgreSQL (see ``store_postgres``): every
+test taking ``store_url`` runs once per backend, each on an empty database of its own."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+from store_postgres import PostgresUnavailable, postgres_server
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    try:
+        with postgres_server() as url:
+            yield url
+    except PostgresUnavailable as error:
+        if os.environ.get("CI"):
+            raise  # .ci/run installs it: missing there is a failure, not a skip
+        pytest.skip(f"no PostgreSQL here: {error}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/store.db"
+        return
+    admin_url: str = request.getfixturevalue("postgres_admin_url")
+    name = f"store_{os.getpid()}_{next(_counter)}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
