@@ -216,6 +216,9 @@ class HistoryRecorder:
     async def flush_once(self) -> int:
         """Write one batch of the backlog; on success drop it from the backlog."""
         batch = list(self._backlog.values())[: self.batch_size]
+        return await self._write(batch)
+
+    async def _write(self, batch: list[ev.Event]) -> int:
         if not batch:
             return 0
         engine = self._engine_or_open()
@@ -229,15 +232,21 @@ class HistoryRecorder:
         return written
 
     async def resync(self) -> None:
-        """Fill the gap from the API's state (see the module docstring)."""
+        """Fill the gap from the API's state (see the module docstring).
+
+        Written straight through in batches rather than through the backlog, whose bound is
+        for the live feed: the events are re-derived from objects the state holds anyway."""
         self._active = True
         live: set[str] = set()
+        derived: dict[_Key, ev.Event] = {}
         for key, workload in list(self.state.objects["Workload"].items()):
             self._names[key] = {"metadata": workload.get("metadata"), "spec": workload.get("spec")}
             uid = (workload.get("metadata") or {}).get("uid")
             if uid:
                 live.add(str(uid))
-            self._enqueue(ev.events_of(workload))
+            for event in ev.events_of(workload):
+                if event.key not in self._written.get(event.uid, ()):
+                    derived[event.key] = event
         engine = self._engine_or_open()
         open_ = await asyncio.to_thread(_open_workloads, engine)
         now = self._clock()
@@ -247,24 +256,25 @@ class HistoryRecorder:
             if row["uid"] not in live
             and (not self.namespaces or row["namespace"] in self.namespaces)
         ]
-        self._enqueue(
-            [
-                ev.Event(
-                    uid=row["uid"],
-                    transition=ev.DELETED,
-                    at=now,
-                    namespace=row["namespace"],
-                    name=row["name"],
-                    reason="NotFoundOnResync",
-                )
-                for row in gone
-            ]
-        )
+        for row in gone:
+            deleted = ev.Event(
+                uid=row["uid"],
+                transition=ev.DELETED,
+                at=now,
+                namespace=row["namespace"],
+                name=row["name"],
+                reason="NotFoundOnResync",
+            )
+            derived[deleted.key] = deleted
+        events = list(derived.values())
+        for start in range(0, len(events), self.batch_size):
+            await self._write(events[start : start + self.batch_size])
         self._resync_needed = False
         logger.info(
-            "event=store_resync workloads=%d gone=%d backlog=%d",
+            "event=store_resync workloads=%d gone=%d written=%d backlog=%d",
             len(live),
             len(gone),
+            len(events),
             len(self._backlog),
         )
 
