@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     url = args.store or db.default_url()
     try:
-        engine = db.open_engine(url)
+        engine = db.open_engine(url, create=False)
         if db.current_revision(engine) is None:
             print(
                 f"error: store {url!r} is empty; the operator creates it (or run "

@@ -46,8 +46,9 @@ def default_url() -> str:
     return os.environ.get(STORE_ENV) or f"sqlite:///{DEFAULT_PATH.expanduser()}"
 
 
-def open_engine(url: str) -> Engine:
-    """An engine for ``url``: ``sqlite:///PATH`` (the folder is created) or
+def open_engine(url: str, *, create: bool = True) -> Engine:
+    """An engine for ``url``: ``sqlite:///PATH`` (the folder is created, unless not
+    ``create``: readers refuse a missing file rather than leave an empty one behind) or
     ``postgresql+psycopg://...`` (``postgresql://`` means the same)."""
     try:
         parsed = make_url(url)
@@ -59,6 +60,11 @@ def open_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             path = Path(parsed.database).expanduser()
+            if not create and not path.exists():
+                raise StoreError(
+                    f"store {url!r}: no such file; the operator creates it (--store), or run "
+                    "`phalanx store upgrade --store URL`"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
             parsed = parsed.set(database=str(path))
         engine = create_engine(parsed, connect_args={"timeout": 30})

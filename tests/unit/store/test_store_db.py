@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, inspect, select
@@ -219,3 +221,49 @@ def test_the_timeline_lists_every_transition_in_order(engine: db.Engine) -> None
     ]
     assert entries[2].message == "by team-b/job-3"
     assert ("main", "nvidia.com/gpu", "h100", 4) in entries[1].resources
+
+
+def test_the_report_refuses_a_missing_sqlite_file_without_creating_it(tmp_path: Path) -> None:
+    from phalanx.cli.main import main
+
+    path = tmp_path / "nothing.db"
+    assert main(["report", "usage", "--store", f"sqlite:///{path}"]) == 2
+    assert not path.exists()
+
+
+def test_the_report_commands_print_table_csv_and_json(
+    store_url: str, engine: db.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phalanx.cli.main import main
+
+    recent = workload(
+        uid="now",
+        cluster_queue="cq-a",
+        created=(dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).isoformat(),
+        conditions=[
+            condition(
+                "QuotaReserved", (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+            )
+        ],
+    )
+    db.write_events(engine, ev.events_of(recent))
+    assert main(["report", "usage", "--by", "clusterqueue", "--store", store_url]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == [
+        "clusterqueue",
+        "admissions",
+        "preemptions",
+        "wait_p50_s",
+        "wait_p95_s",
+        "cpu_hours_cores",
+        "nvidia.com/gpu_hours",
+    ]
+    assert table[1].split()[:5] == ["cq-a", "1", "0", "3600.0", "3600.0"]
+    assert main(["report", "usage", "--format", "json", "--store", store_url]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["nvidia.com/gpu_hours"] == pytest.approx(4.0, rel=0.01)
+    assert main(["report", "usage", "--format", "csv", "--by", "flavor", "--store", store_url]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("flavor,admissions,")
+    assert main(["report", "workload", "team-a/job-1", "--store", store_url]) == 0
+    out = capsys.readouterr().out
+    assert "quota_reserved" in out and "main:nvidia.com/gpu=4@h100" in out
