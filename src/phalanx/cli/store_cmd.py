@@ -29,7 +29,15 @@ def register(subparsers: Any) -> None:
     downgrade = actions.add_parser("downgrade", help="revert to REVISION (base: empty)")
     downgrade.add_argument("revision")
     actions.add_parser("current", help="print the store's revision and the shipped head")
-    for sub in (upgrade, downgrade, actions.choices["current"]):
+    bench = actions.add_parser(
+        "bench",
+        help="fill a store with synthetic rows (REPLACING its contents) and time the reports",
+    )
+    bench.add_argument("--rows", type=int, default=1_000_000, help="lifecycle rows (1,000,000)")
+    bench.add_argument(
+        "--reuse", action="store_true", help="time the reports on the rows already there"
+    )
+    for sub in (upgrade, downgrade, actions.choices["current"], bench):
         add_store_argument(sub)
     parser.set_defaults(func=run)
 
@@ -44,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
             db.upgrade(engine, args.revision)
         elif args.action == "downgrade":
             db.downgrade(engine, args.revision)
+        elif args.action == "bench":
+            return _bench(engine, rows=args.rows, reuse=args.reuse)
         print(f"revision={db.current_revision(engine) or 'base'} head={db.head_revision()}")
     except db.StoreError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -51,4 +61,20 @@ def run(args: argparse.Namespace) -> int:
     except Exception as error:  # the database's own error says what is wrong with it
         print(f"error: store {url!r}: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _bench(engine: Any, *, rows: int, reuse: bool) -> int:
+    import json
+
+    from phalanx.bench import store_rows
+    from phalanx.store import db
+
+    db.upgrade(engine)
+    result: dict[str, Any] = {"backend": engine.dialect.name}
+    if not reuse:
+        written, seconds = store_rows.fill(engine, rows=rows)
+        result |= {"rows": written, "fill_seconds": round(seconds, 1)}
+    result["report_usage_since_30d_seconds"] = store_rows.measure(engine)
+    print(json.dumps(result))
     return 0

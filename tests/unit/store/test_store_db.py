@@ -267,3 +267,16 @@ def test_the_report_commands_print_table_csv_and_json(
     assert main(["report", "workload", "team-a/job-1", "--store", store_url]) == 0
     out = capsys.readouterr().out
     assert "quota_reserved" in out and "main:nvidia.com/gpu=4@h100" in out
+
+
+def test_the_bench_generator_fills_rows_the_report_reads(engine: db.Engine) -> None:
+    from phalanx.bench import store_rows
+
+    written, _seconds = store_rows.fill(engine, rows=2_000, chunk=500)
+    assert 2_000 <= written < 2_010
+    assert _count(engine) == written
+    took = store_rows.measure(engine)
+    assert set(took) == set(report.GROUPINGS)
+    until = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    rows = report.usage(engine, since=until - dt.timedelta(days=40), until=until, by="namespace")
+    assert sum(r.admissions for r in rows) > 400
