@@ -45,6 +45,8 @@ __all__ = [
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
+"""Job annotations Kueue copies to the Workload: the ProvisioningRequest's parameters."""
 JOB_MIN_PARALLELISM_ANNOTATION = "kueue.x-k8s.io/job-min-parallelism"
 WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
 PODSET_LABEL = "kueue.x-k8s.io/podset"
@@ -226,6 +228,13 @@ def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) ->
     }
     if priority.ref is not None:
         workload_spec["priorityClassRef"] = priority.ref
+    # Kueue copies the Job's ProvisioningRequest parameters (provisioning/sample-job.yaml's
+    # provreq.kueue.x-k8s.io/maxRunDurationSeconds) to the Workload, where the check reads them.
+    provreq = {
+        key: value
+        for key, value in (metadata.get("annotations") or {}).items()
+        if key.startswith(PROVREQ_ANNOTATION_PREFIX)
+    }
     return {
         "apiVersion": f"{KUEUE_GROUP}/v1beta2",
         "kind": "Workload",
@@ -233,6 +242,7 @@ def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) ->
             "name": workload_name(metadata["name"], metadata["uid"]),
             "namespace": metadata["namespace"],
             "labels": {JOB_UID_LABEL: metadata["uid"]},
+            **({"annotations": provreq} if provreq else {}),
             "ownerReferences": [
                 {
                     "apiVersion": "batch/v1",
@@ -396,6 +406,16 @@ def start_time_clearable(job: Mapping[str, Any]) -> bool:
     succeeded = int(status.get("succeeded") or 0)
     completions = spec.get("completions")
     return succeeded == 0 if completions is None else succeeded < int(completions)
+
+
+def needs_workload(job: Mapping[str, Any]) -> bool:
+    """Whether a queued Job without a Workload should get one: not once it is being deleted
+    or has finished, as in Kueue. Deleting a finished Job in the foreground deletes its
+    Workload first; creating another would admit a Job that never runs again, and its owner
+    reference would hold the Job's deletion back."""
+    if (job.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return job_finish(job) is None
 
 
 def job_finish(job: Mapping[str, Any]) -> JobFinish | None:

@@ -243,7 +243,8 @@ class JobController:
         workload = self.state.get("Workload", wl_key)
         spec = job.get("spec") or {}
         if workload is None:
-            await self._create_workload(job)
+            if jobs.needs_workload(job):
+                await self._create_workload(job)
             return
         status = workload.get("status") or {}
         conditions = status.get("conditions") or []

@@ -300,3 +300,25 @@ def test_job_finish_reads_complete_and_failed_conditions() -> None:
     assert jobs.job_finish(job) == jobs.JobFinish(True, "Succeeded", "Job finished successfully")
     job["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "x"}]}
     assert jobs.job_finish(job) == jobs.JobFinish(False, "Failed", "x")
+
+
+def test_a_job_being_deleted_or_finished_gets_no_new_workload() -> None:
+    job = make_job()
+    assert jobs.needs_workload(job)
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert not jobs.needs_workload(job)  # its Workload deleted with it in the foreground
+    job = make_job()
+    job["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert not jobs.needs_workload(job)
+
+
+def test_workload_for_job_carries_the_provisioning_request_annotations() -> None:
+    """Kueue's provisioning/sample-job.yaml: provreq.kueue.x-k8s.io/ annotations of the Job
+    become the Workload's, where the ProvisioningRequest check reads its parameters."""
+    job = make_job(
+        annotations={"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "600", "other/key": "x"}
+    )
+    wl = jobs.workload_for_job(job, priority=jobs.PriorityResolution(value=0, ref=None))
+    assert wl["metadata"]["annotations"] == {"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "600"}
+    plain = jobs.workload_for_job(make_job(), priority=jobs.PriorityResolution(value=0, ref=None))
+    assert "annotations" not in plain["metadata"]
