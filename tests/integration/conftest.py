@@ -57,6 +57,22 @@ def state_dir_for_tests() -> Path:
     return Path(env) if env else devcluster.default_state_dir()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every operator a test starts records its history in this session's own store (the
+    operator's default is one file in the user's home, shared by every run): an explicit
+    ``$PHALANX_STORE`` or a test's own ``--store`` still wins."""
+    if os.environ.get("PHALANX_STORE"):
+        yield
+        return
+    path = tmp_path_factory.mktemp("store") / "store.db"
+    os.environ["PHALANX_STORE"] = f"sqlite:///{path}"
+    try:
+        yield
+    finally:
+        os.environ.pop("PHALANX_STORE", None)
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterHandle]:
     state_dir = state_dir_for_tests()
