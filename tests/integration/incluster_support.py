@@ -1,0 +1,394 @@
+"""The operator installed as a cluster runs it, on the local control plane.
+
+``manifests/overlays/devcluster`` applied server-side; the operator process started with the
+Deployment's own arguments (``manifests/controller/deployment.yaml``: ``--leader-elect``, the
+lease settings, ``--webhook-service``, HTTPS metrics), in-cluster-shaped: no kubeconfig,
+``KUBERNETES_SERVICE_HOST``/``_PORT`` and a ServiceAccount folder (``token`` from
+``kubectl create token phalanx``, ``ca.crt``, ``namespace``) named by
+``PHALANX_SERVICE_ACCOUNT_DIR``.
+
+The API server reaches the webhooks through the Service ``phalanx-system/phalanx-webhook``, as
+in a cluster. The devcluster has no pod network and no kube-proxy, so a ClusterIP routes
+nowhere; its API server runs with ``--enable-aggregator-routing`` (as some managed clusters
+do), which resolves a webhook Service to an address of its EndpointSlices. Each replica gets an
+EndpointSlice of its own (``kubernetes.io/service-name: phalanx-webhook``) naming the host's
+non-loopback address and its port: the API server refuses loopback addresses in
+EndpointSlices, so the operator listens on that address.
+
+The API server's audit log (``devcluster/audit-policy.yaml``: every request of a ServiceAccount
+of ``phalanx-system``) says which call the operator made and what it was answered: a 403 in it
+is tied to the verb, resource and name that needed a rule.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from operator_fixtures import REPO, free_port
+
+from phalanx.devcluster.components import Layout
+from phalanx.devcluster.handle import ClusterHandle
+from phalanx.operator.kubeconfig import SERVICE_ACCOUNT_DIR_ENV
+
+OVERLAY = REPO / "manifests" / "overlays" / "devcluster"
+DEPLOYMENT = REPO / "manifests" / "controller" / "deployment.yaml"
+NAMESPACE = "phalanx-system"
+ACCOUNT = f"system:serviceaccount:{NAMESPACE}:phalanx"
+CONFIGURATION = "phalanx.kueue.x-k8s.io"
+WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+SLICE_MANAGER = "phalanx-tests"
+
+
+def host_address() -> str:
+    """The host's address a UDP socket would leave from (nothing is sent): an address the
+    API server accepts in an EndpointSlice, unlike 127.0.0.0/8."""
+    try:
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) as s:
+            s.connect(("198.51.100.1", 9))  # TEST-NET-2: routing decides, no packet leaves
+            address = str(s.getsockname()[0])
+    except OSError:
+        address = socket.gethostbyname(socket.gethostname())
+    if address.startswith("127."):
+        raise AssertionError(
+            "this machine has no non-loopback IPv4 address; the API server refuses loopback "
+            "addresses in EndpointSlices, so the webhooks cannot be reached through a Service"
+        )
+    return address
+
+
+def deployment_args() -> list[str]:
+    """The operator's arguments as the Deployment passes them."""
+    docs = [d for d in yaml.safe_load_all(DEPLOYMENT.read_text()) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return list(container["args"])
+
+
+def manifest_lease_settings() -> tuple[float, float, float]:
+    """(lease duration, renew deadline, retry period) the Deployment runs with: its flags,
+    else the operator's defaults (those of LeaderElectionConfig)."""
+    from phalanx.operator.leader import LeaderElectionConfig
+
+    defaults = LeaderElectionConfig(namespace=NAMESPACE, identity="-")
+    values = {
+        "lease-duration": defaults.lease_duration,
+        "renew-deadline": defaults.renew_deadline,
+        "retry-period": defaults.retry_period,
+    }
+    for arg in deployment_args():
+        for key in values:
+            if arg.startswith(f"--leader-elect-{key}="):
+                values[key] = float(arg.split("=", 1)[1])
+    return values["lease-duration"], values["renew-deadline"], values["retry-period"]
+
+
+@dataclass
+class AuditEvent:
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    name: str
+    namespace: str
+    uri: str
+    code: int
+    message: str = ""
+
+    @property
+    def call(self) -> str:
+        what = self.resource + (f"/{self.subresource}" if self.subresource else "")
+        if self.group:
+            what += f".{self.group}"
+        return f"{self.verb} {what}" + (f" {self.name}" if self.name else "") + f" -> {self.code}"
+
+
+class AuditLog:
+    """The API server's audit log, read from an offset: the operator's calls and answers."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def mark(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def events(self, since: int = 0) -> list[AuditEvent]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(since)
+            lines = handle.read().splitlines()
+        out = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if (event.get("user") or {}).get("username") != ACCOUNT:
+                continue
+            if event.get("stage") != "ResponseComplete":
+                continue
+            ref = event.get("objectRef") or {}
+            out.append(
+                AuditEvent(
+                    verb=event.get("verb", ""),
+                    group=ref.get("apiGroup", ""),
+                    resource=ref.get("resource", ""),
+                    subresource=ref.get("subresource", ""),
+                    name=ref.get("name", ""),
+                    namespace=ref.get("namespace", ""),
+                    uri=event.get("requestURI", ""),
+                    code=int((event.get("responseStatus") or {}).get("code") or 0),
+                    message=str((event.get("responseStatus") or {}).get("message") or ""),
+                )
+            )
+        return out
+
+
+@dataclass
+class Replica:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    metrics_port: int
+    health_port: int
+    log_offset: int = 0
+
+    def text(self) -> str:
+        data = self.log.read_bytes() if self.log.exists() else b""
+        return data[self.log_offset :].decode(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.text().splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, *, timeout: float = 30.0) -> int | None:
+        """SIGTERM (a leader releases the Lease), then the exit code."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+
+
+@dataclass
+class InClusterInstall:
+    """The overlay applied; replicas started as the Deployment starts its pods."""
+
+    cluster: ClusterHandle
+    workdir: Path
+    address: str = field(default_factory=host_address)
+    audit: AuditLog = field(init=False)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.audit = AuditLog(Layout(self.cluster.state_dir).audit_log)
+        self.sa_dir = self.workdir / "serviceaccount"
+        self.certs = self.workdir / "webhook-certs"
+        self.config = self.workdir / "controller_manager_config.yaml"
+
+    # -- install ----------------------------------------------------------------------------
+
+    def apply(self) -> None:
+        # The configurations are kopf's to keep: an operator of an earlier module left them
+        # with its loopback URL; the overlay's Service form replaces it.
+        for kind in WEBHOOK_KINDS:
+            self.cluster.kubectl_ok("delete", kind, CONFIGURATION, "--ignore-not-found")
+        _point_conversion_at_the_service(self.cluster)
+        self.remove_webhook_configurations()  # and the replicas' addresses of an earlier run
+        self.cluster.kubectl_ok("apply", "--server-side", "--force-conflicts", "-k", str(OVERLAY))
+        assert self.audit.path.exists(), (
+            f"no audit log at {self.audit.path}: this devcluster was started before its API "
+            "server got --audit-policy-file and --enable-aggregator-routing; restart it "
+            "(phalanx devcluster down, then up)"
+        )
+        self.sa_dir.mkdir(parents=True, exist_ok=True)
+        self.refresh_token()
+        self.sa_dir.joinpath("ca.crt").write_bytes(self._ca())
+        self.sa_dir.joinpath("namespace").write_text(NAMESPACE)
+        configmap = json.loads(
+            self.cluster.kubectl_ok(
+                "get", "configmap", "phalanx-config", "-n", NAMESPACE, "-o", "json"
+            )
+        )
+        self.config.write_text(configmap["data"]["controller_manager_config.yaml"])
+
+    def refresh_token(self) -> str:
+        token = self.cluster.kubectl_ok(
+            "create", "token", "phalanx", "-n", NAMESPACE, "--duration=2h"
+        ).strip()
+        self.sa_dir.joinpath("token").write_text(token)
+        return token
+
+    def _ca(self) -> bytes:
+        entry = yaml.safe_load(self.cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
+        if entry.get("certificate-authority-data"):
+            return base64.b64decode(entry["certificate-authority-data"])
+        return (self.cluster.kubeconfig.parent / entry["certificate-authority"]).read_bytes()
+
+    def remove_webhook_configurations(self) -> None:
+        """Persistent (Service) webhooks stay after the operator exits and fail closed: later
+        modules' queued Jobs would be refused."""
+        for kind in WEBHOOK_KINDS:
+            self.cluster.kubectl("delete", kind, CONFIGURATION, "--ignore-not-found")
+        self.cluster.kubectl(
+            "delete",
+            "endpointslices",
+            "-n",
+            NAMESPACE,
+            "-l",
+            f"endpointslice.kubernetes.io/managed-by={SLICE_MANAGER}",
+        )
+
+    # -- replicas ---------------------------------------------------------------------------
+
+    def _server(self) -> tuple[str, str]:
+        server = yaml.safe_load(self.cluster.kubeconfig.read_text())["clusters"][0]["cluster"][
+            "server"
+        ]
+        host, _, port = str(server).removeprefix("https://").rpartition(":")
+        return host, port
+
+    def argv(self, name: str, webhook_port: int, metrics_port: int, health_port: int) -> list[str]:
+        """The Deployment's arguments, with what a pod gets from its spec made local: the
+        ConfigMap's file, the pod's name and namespace, ports free on this machine, the host
+        address to listen on."""
+        out = [sys.executable, "-m", "phalanx.cli.main"]
+        for arg in deployment_args():
+            key = arg.split("=", 1)[0]
+            if key == "--config":
+                arg = f"--config={self.config}"
+            elif key == "--webhook-listen":
+                arg = f"--webhook-listen={self.address}"
+            elif key == "--webhook-port":
+                arg = f"--webhook-port={webhook_port}"
+            elif key == "--webhook-cert-dir":
+                arg = f"--webhook-cert-dir={self.certs}"  # self-managed, for the Service names
+            elif key == "--metrics-port":
+                arg = f"--metrics-port={metrics_port}"
+            elif key == "--health-probe-port":
+                arg = f"--health-probe-port={health_port}"
+            arg = arg.replace("$(POD_NAMESPACE)", NAMESPACE).replace("$(POD_NAME)", name)
+            out.append(arg)
+        return [*out, "--metrics-listen=127.0.0.1", "--health-probe-listen=127.0.0.1"]
+
+    def start(self, name: str) -> Replica:
+        webhook_port, metrics_port, health_port = free_port(), free_port(), free_port()
+        self._publish(name, webhook_port)
+        host, port = self._server()
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env.update(
+            {
+                "KUBERNETES_SERVICE_HOST": host,
+                "KUBERNETES_SERVICE_PORT": port,
+                SERVICE_ACCOUNT_DIR_ENV: str(self.sa_dir),
+                "HOME": str(self.workdir),  # no ~/.kube/config to fall back on
+            }
+        )
+        log = self.workdir / f"{name}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        with log.open("ab") as handle:
+            process = subprocess.Popen(
+                self.argv(name, webhook_port, metrics_port, health_port),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        replica = Replica(name, process, log, metrics_port, health_port, offset)
+        self.replicas[name] = replica
+        return replica
+
+    def _publish(self, name: str, port: int) -> None:
+        """This replica's address in the webhook Service: an EndpointSlice of its own."""
+        endpoint_slice = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"phalanx-webhook-{name}",
+                "namespace": NAMESPACE,
+                "labels": {
+                    "kubernetes.io/service-name": "phalanx-webhook",
+                    "endpointslice.kubernetes.io/managed-by": SLICE_MANAGER,
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "webhook", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [self.address], "conditions": {"ready": True}}],
+        }
+        self.cluster.kubectl_ok("apply", "-f", "-", input=json.dumps(endpoint_slice))
+
+    def unpublish(self, name: str) -> None:
+        self.cluster.kubectl("delete", "endpointslice", f"phalanx-webhook-{name}", "-n", NAMESPACE)
+
+    def stop_all(self) -> None:
+        for name, replica in list(self.replicas.items()):
+            replica.stop()
+            self.unpublish(name)
+        self.replicas.clear()
+
+
+def wait_ready(replica: Replica, *, timeout: float = 60.0, leader: bool = True) -> None:
+    """Until the replica schedules (leader) or has listed (standby)."""
+    line = "event=scheduler_ready" if leader else "event=operator_started"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not replica.alive():
+            raise AssertionError(f"{replica.name} exited:\n{replica.tail()}")
+        if line in replica.text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{replica.name} not ready after {timeout:.0f}s:\n{replica.tail()}")
+
+
+def _point_conversion_at_the_service(cluster: ClusterHandle) -> None:
+    """A converted CRD that a loopback operator last pointed at its URL gets the generated
+    Service form back (the apply would otherwise merge a url and a service into one client
+    config, which the API server refuses)."""
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        generated = yaml.safe_load(path.read_text())
+        wanted = ((generated["spec"].get("conversion") or {}).get("webhook") or {}).get(
+            "clientConfig"
+        )
+        name = generated["metadata"]["name"]
+        live = cluster.kubectl("get", f"crd/{name}", "-o", "json")
+        if not wanted or live.returncode != 0:
+            continue
+        current = json.loads(live.stdout)["spec"]["conversion"].get("webhook") or {}
+        if "url" in (current.get("clientConfig") or {}):
+            patch = [
+                {"op": "replace", "path": "/spec/conversion/webhook/clientConfig", "value": wanted}
+            ]
+            cluster.kubectl_ok("patch", f"crd/{name}", "--type=json", "-p", json.dumps(patch))
+
+
+@contextlib.contextmanager
+def installed(cluster: ClusterHandle, workdir: Path) -> Iterator[InClusterInstall]:
+    install = InClusterInstall(cluster, workdir)
+    install.apply()
+    try:
+        yield install
+    finally:
+        install.stop_all()
+        install.remove_webhook_configurations()
+
+
+def json_of(cluster: ClusterHandle, *args: str) -> dict[str, Any]:
+    return dict(json.loads(cluster.kubectl_ok("get", *args, "-o", "json")))
