@@ -84,13 +84,11 @@ def test_a_sigkilled_operator_counts_each_workloads_gpu_time_once(
         assert all(_condition_time(w, "Finished") for w in workloads)
         expected = sum(_gpu_seconds(w) for w in workloads)
         engine = db.open_engine(url)
-        # The writer batches about once a second: wait until it stored every finish.
+        # The writer batches about once a second: wait until it stored every finish, then
+        # read the report (read before the last finish is stored, a reservation still open
+        # counts up to the report's end: more GPU-time than the Workload held).
         deadline = time.monotonic() + 60
         while True:
-            until = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-            rows = report.usage(
-                engine, since=until - dt.timedelta(days=1), until=until, by="namespace"
-            )
             finishes = sum(
                 1
                 for w in workloads
@@ -105,8 +103,12 @@ def test_a_sigkilled_operator_counts_each_workloads_gpu_time_once(
                 break
             time.sleep(1)
         assert finishes == 12, op.log_tail()
+        until = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        rows = report.usage(engine, since=until - dt.timedelta(days=1), until=until, by="namespace")
         (row,) = [r for r in rows if r.group == burst.namespace]
-        assert row.resource_seconds[GPU] == pytest.approx(expected, abs=1e-6)
+        assert row.resource_seconds[GPU] == pytest.approx(expected, abs=1e-6), _disagreements(
+            engine, burst.namespace, workloads
+        )
         assert row.admissions == 12 and row.preemptions == 0
         for w in workloads:
             kinds = [
@@ -121,3 +123,26 @@ def test_a_sigkilled_operator_counts_each_workloads_gpu_time_once(
         if op is not None:
             op.stop()
         burst.teardown()
+
+
+def _disagreements(engine: Any, namespace: str, workloads: list[dict[str, Any]]) -> str:
+    """Each Workload whose stored timeline does not match its API conditions: what to read
+    when the totals differ."""
+    lines = []
+    for w in workloads:
+        name = w["metadata"]["name"]
+        stored = [
+            (e.transition, e.at.isoformat())
+            for e in report.timeline(engine, namespace=namespace, name=name)
+        ]
+        conditions = [
+            (c.get("type"), c.get("status"), c.get("lastTransitionTime"))
+            for c in (w.get("status") or {}).get("conditions") or ()
+        ]
+        reserved = _condition_time(w, "QuotaReserved")
+        if [t for t, at in stored if t == "quota_reserved"] != ["quota_reserved"] or not any(
+            t == "quota_reserved" and reserved is not None and at == reserved.isoformat()
+            for t, at in stored
+        ):
+            lines.append(f"{name}: stored {stored}; API {conditions}")
+    return "\n".join(lines) or "every Workload's stored reservation matches its API conditions"
