@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from phalanx.bench.proc import webhook_args
 from phalanx.devcluster.handle import ClusterHandle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,11 @@ class OperatorProcess:
     process: subprocess.Popen[bytes]
     log: Path
     metrics_port: int
+
+    def cert_dir(self) -> Path:
+        """The folder of its webhook (and HTTPS metrics) certificate: the last one given."""
+        args = [str(a) for a in self.process.args]  # type: ignore[union-attr]
+        return Path([a for a in args if a.startswith("--webhook-cert-dir=")][-1].split("=", 1)[1])
 
     def log_tail(self, lines: int = 80) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -100,8 +106,7 @@ def start_operator(
         f"--kubeconfig={cluster.kubeconfig}",
         f"--metrics-port={metrics_port}",
         "--metrics-secure=false",  # plain HTTP on loopback: scraped without a token
-        f"--webhook-port={free_port()}",
-        f"--webhook-cert-dir={workdir / 'webhook-certs'}",
+        *webhook_args(cluster.kubeconfig, workdir, webhook_port=None, extra=extra),
         *extra,
     ]
     handle = open(log, "wb")  # noqa: SIM115 - the child writes it for its whole life

@@ -126,7 +126,7 @@ def test_the_operator_runs_on_an_exec_plugin_and_serves_metrics_to_readers_only(
     try:
         _whoami(op)
         assert int(runs.read_text()) >= 1, "the plugin ran"
-        ca = tmp_path / "webhook-certs" / "ca.crt"
+        ca = op.cert_dir() / "ca.crt"
         url = f"https://127.0.0.1:{port}/metrics"
         assert _scrape(url, ca, None)[0] == 401
         assert _scrape(url, ca, "not-a-token")[0] == 401

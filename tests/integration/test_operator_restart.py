@@ -91,21 +91,7 @@ def test_restart_restores_admissions_without_readmitting_or_leaking_quota(
             assert gpu_usage(cluster, cq) == ("16", 2)
 
             # The restored usage is exact: finishing one admits the waiting Job, and no more.
-            # Its Workload is deleted too rather than left to the garbage collector, whose
-            # graph may still be rebuilding after a CRD update earlier in the session (each
-            # operator points the converting CRDs at itself when it starts).
-            gone = workload_of(cluster, namespace, admitted[0])
-            assert gone is not None
             cluster.kubectl_ok("delete", "job", admitted[0], "-n", namespace, "--wait=false")
-            cluster.kubectl_ok(
-                "delete",
-                "workload.kueue.x-k8s.io",
-                gone["metadata"]["name"],
-                "-n",
-                namespace,
-                "--wait=false",
-                "--ignore-not-found",
-            )
             wait_for(
                 "the waiting Job admitted into the freed quota",
                 lambda: (w := workload_of(cluster, namespace, waiting)) and is_true(w, "Admitted"),

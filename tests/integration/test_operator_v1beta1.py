@@ -15,6 +15,7 @@ from operator_fixtures import *  # noqa: F403
 from operator_fixtures import (
     OperatorProcess,
     apply,
+    free_port,
     gpu_job,
     is_true,
     node_pool,
@@ -105,8 +106,9 @@ def _v1_objects(name: str) -> list[dict[str, Any]]:
 def test_without_the_operator_v1beta2_works_and_v1beta1_fails_with_the_webhook_named(
     cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path, cleanup: list[str]
 ) -> None:
-    # An operator points the CRDs at itself while it runs and gives them back when it exits.
-    op = start_operator(cluster, tmp_path, name="v1beta1-alone")
+    # An operator on its own loopback address points the CRDs at itself while it runs and
+    # gives them back when it exits.
+    op = start_operator(cluster, tmp_path, f"--webhook-port={free_port()}", name="v1beta1-alone")
     try:
         port = _webhook_port(op)
         wait_for(

@@ -8,7 +8,9 @@ user starts it, so what is measured is the shipped command, webhooks and all.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -41,6 +43,82 @@ def free_port() -> int:
     with contextlib.closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class WebhookEndpoint:
+    """The webhook address and certificate folder operators started here share per cluster."""
+
+    port: int
+    cert_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        return [
+            f"--webhook-port={self.port}",
+            f"--webhook-url={self.url}",
+            f"--webhook-cert-dir={self.cert_dir}",
+        ]
+
+
+def cluster_webhook(kubeconfig: Path) -> WebhookEndpoint:
+    """One webhook address and certificate per cluster (per kubeconfig file) for the operators
+    benchmarks and tests start, kept beside the kubeconfig in ``operator-webhook/``.
+
+    In a cluster the operator is reached through its Service, which does not change when a
+    replica restarts. An operator on its own loopback port advertises a new address at every
+    start, and re-pointing the converting CRDs re-initializes their storage in the API server
+    (429 "storage is (re)initializing", every watch on those kinds reset, the garbage
+    collector's graph rebuilt). Sharing one port and one certificate avoids that: the CRDs and
+    webhook configurations are pointed here once. Replicas running at once all listen on it
+    (kopf binds with SO_REUSEPORT; the kernel spreads connections among them), and with a
+    fixed ``--webhook-url`` no replica points the CRDs back when it exits.
+
+    The port is below the kernel's ephemeral range, so no outgoing connection takes it while
+    no operator listens."""
+    from phalanx.operator.certs import ensure_webhook_certs
+
+    folder = kubeconfig.parent / "operator-webhook"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        port_file = folder / "port"
+        text = port_file.read_text().strip() if port_file.exists() else ""
+        port = int(text) if text.isdigit() else 0
+        if not port or not _bindable(port):
+            port = _stable_port()
+            port_file.write_text(f"{port}\n")
+        certs = folder / "certs"
+        ensure_webhook_certs(certs, hosts=["127.0.0.1"])
+    return WebhookEndpoint(port=port, cert_dir=certs)
+
+
+def _bindable(port: int) -> bool:
+    """Whether an operator could listen on ``port`` now (others that share it may)."""
+    with contextlib.closing(socket.socket()) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _stable_port() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = list(range(max(1024, low - 8000), low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port below the ephemeral range ({low}) for the webhooks")
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -226,6 +304,20 @@ class OperatorProcess:
         )
 
 
+def webhook_args(
+    kubeconfig: Path, workdir: Path, *, webhook_port: int | None, extra: Sequence[str]
+) -> list[str]:
+    """The webhook flags of an operator started here: the cluster's shared endpoint
+    (:func:`cluster_webhook`) unless the caller chose a port or an address, or no webhooks."""
+    chosen = ("--webhook-port", "--webhook-url", "--webhook-service", "--no-webhooks")
+    if webhook_port is None and not any(a.split("=", 1)[0] in chosen for a in extra):
+        return cluster_webhook(kubeconfig).args()
+    own = [f"--webhook-cert-dir={workdir / 'webhook-certs'}"]
+    if not any(a.split("=", 1)[0] == "--webhook-port" for a in extra):
+        own.insert(0, f"--webhook-port={webhook_port or free_port()}")
+    return own
+
+
 def start_operator(
     *,
     kubeconfig: Path,
@@ -248,8 +340,7 @@ def start_operator(
         f"--kubeconfig={kubeconfig}",
         f"--metrics-port={port}",
         "--metrics-secure=false",  # plain HTTP on loopback: scraped without a token
-        f"--webhook-port={webhook_port or free_port()}",
-        f"--webhook-cert-dir={workdir / 'webhook-certs'}",
+        *webhook_args(kubeconfig, workdir, webhook_port=webhook_port, extra=extra),
         *extra,
     )
     log = workdir / f"{name}.log"

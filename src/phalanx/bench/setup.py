@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import copy
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from phalanx.bench.objects import (
     local_queue_object,
     namespace_object,
 )
+from phalanx.devcluster.handle import keep_conversion_url
 from phalanx.operator.kube import (
     CLUSTER_QUEUES,
     LOCAL_QUEUES,
@@ -64,6 +66,14 @@ class ScenarioObjects:
     async def install_crds(self, crds: Sequence[dict[str, Any]]) -> None:
         for crd in crds:
             name = crd["metadata"]["name"]
+            try:
+                live: dict[str, Any] | None = await self.api.get(CRDS, name)
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                live = None
+            crd = copy.deepcopy(crd)
+            keep_conversion_url(crd, live)
             await self.api.request(
                 "PATCH",
                 CRDS.path(name=name),

@@ -78,7 +78,7 @@ class ClusterHandle:
         )
         by_name = {item["metadata"]["name"]: item for item in live.get("items") or ()}
         for doc in docs:
-            _keep_conversion_url(doc, by_name.get(doc["metadata"]["name"]))
+            keep_conversion_url(doc, by_name.get(doc["metadata"]["name"]))
         self.kubectl_ok(
             "apply",
             "--server-side",
@@ -93,7 +93,10 @@ class ClusterHandle:
         return names
 
 
-def _keep_conversion_url(doc: dict[str, Any], live: dict[str, Any] | None) -> None:
+def keep_conversion_url(doc: dict[str, Any], live: dict[str, Any] | None) -> None:
+    """Give ``doc`` (a CRD to apply) the loopback conversion client config ``live`` has, if
+    any: an operator beside the cluster set it, and applying the Service form would both be
+    invalid (url and service) and re-initialize the CRD's storage for nothing."""
     wanted = ((doc.get("spec") or {}).get("conversion") or {}).get("webhook")
     current = (((live or {}).get("spec") or {}).get("conversion") or {}).get("webhook") or {}
     if wanted and "url" in (current.get("clientConfig") or {}):
