@@ -414,28 +414,7 @@ class JobController:
             return True
         if self._pods_of.get(job_key) or not jobs.start_time_clearable(job):
             return False  # the Job controller's next write, or a pod's going, brings it back
-        metadata = job["metadata"]
-        body: dict[str, Any] = {"status": {"startTime": None}}
-        if metadata.get("resourceVersion"):
-            body["metadata"] = {"resourceVersion": metadata["resourceVersion"]}
-        try:
-            updated = await self.api.patch(
-                JOBS,
-                metadata["name"],
-                body,
-                namespace=metadata["namespace"],
-                subresource="status",
-            )
-        except ApiError as error:
-            self.metrics.api_write("Job", "status", ok=False)
-            if error.conflict:
-                return False  # changed since read: its watch event queues the Job again
-            logger.warning("event=job_status_failed job=%s error=%r", job_key, str(error))
-            if not error.not_found:
-                raise RetryLater(str(error)) from error
-            return False
-        self.metrics.api_write("Job", "status", ok=True)
-        self.state.apply("Job", "MODIFIED", updated)
+        await self._patch_start_time(job_key, job, None)
         return False  # the next pass writes the template, from the Job as it is now
 
     async def _repair_start_time(self, job_key: str, job: dict[str, Any]) -> None:
@@ -448,12 +427,18 @@ class JobController:
         clear. A suspended Job may get a ``startTime`` again; its creation time keeps
         ``completionTime`` after it.
         """
+        created = job["metadata"].get("creationTimestamp")
+        if created and await self._patch_start_time(job_key, job, created):
+            logger.info("event=job_start_time_restored job=%s", job_key)
+
+    async def _patch_start_time(self, job_key: str, job: dict[str, Any], value: str | None) -> bool:
+        """Write the Job's ``status.startTime`` under its resourceVersion; whether it was
+        written. A conflict (the Job controller wrote in between: its watch event queues the
+        Job again) or a Job already gone is no; any other failure is retried later."""
         metadata = job["metadata"]
-        body: dict[str, Any] = {"status": {"startTime": metadata.get("creationTimestamp")}}
+        body: dict[str, Any] = {"status": {"startTime": value}}
         if metadata.get("resourceVersion"):
             body["metadata"] = {"resourceVersion": metadata["resourceVersion"]}
-        if not metadata.get("creationTimestamp"):
-            return
         try:
             updated = await self.api.patch(
                 JOBS, metadata["name"], body, namespace=metadata["namespace"], subresource="status"
@@ -461,12 +446,12 @@ class JobController:
         except ApiError as error:
             self.metrics.api_write("Job", "status", ok=False)
             if error.conflict or error.not_found:
-                return  # changed since read (its event queues it again), or gone
+                return False
             logger.warning("event=job_status_failed job=%s error=%r", job_key, str(error))
             raise RetryLater(str(error)) from error
         self.metrics.api_write("Job", "status", ok=True)
         self.state.apply("Job", "MODIFIED", updated)
-        logger.info("event=job_start_time_restored job=%s", job_key)
+        return True
 
     async def _restore_template(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
         pod_sets = (workload.get("spec") or {}).get("podSets") or []
