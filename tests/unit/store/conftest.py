@@ -17,8 +17,8 @@ _counter = itertools.count()
 @pytest.fixture(scope="session")
 def postgres_admin_url() -> Iterator[str]:
     try:
-        with postgres_server() as url:
-            yield url
+        with postgres_server() as server:
+            yield server.url
     except PostgresUnavailable as error:
         if os.environ.get("CI"):
             raise  # .ci/run installs it: missing there is a failure, not a skip
