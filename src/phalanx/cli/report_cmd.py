@@ -10,6 +10,7 @@ import io
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from phalanx.cli.store_cmd import add_store_argument
@@ -26,6 +27,16 @@ def duration(text: str) -> dt.timedelta:
             f"{text!r} is not a duration; use a number and a unit s, m, h, d or w (7d)"
         )
     return dt.timedelta(seconds=float(match[1]) * _SECONDS[match[2]])
+
+
+def plot_path(text: str) -> Path:
+    """``--plot``'s file: a format matplotlib writes, in a folder that exists."""
+    path = Path(text)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: name a .png, .svg or .pdf file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: folder {str(path.parent)!r} does not exist")
+    return path
 
 
 def register(subparsers: Any) -> None:
@@ -46,6 +57,13 @@ def register(subparsers: Any) -> None:
         default="clusterqueue",
     )
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    usage.add_argument(
+        "--plot",
+        type=plot_path,
+        metavar="FILE",
+        help="also draw the report into FILE (.png, .svg or .pdf): the main resource's hours "
+        "per group over time and each group's waits (needs matplotlib: phalanx[plot])",
+    )
     add_store_argument(usage)
     workload = kinds.add_parser("workload", help="one Workload's timeline")
     workload.add_argument("workload", metavar="NAMESPACE/NAME")
@@ -69,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if args.report == "usage":
             print(_usage(engine, since=args.since, by=args.by, fmt=args.format), end="")
+            if args.plot is not None:
+                return _plot(engine, since=args.since, by=args.by, path=args.plot)
         else:
             namespace, _, name = args.workload.partition("/")
             if not name:
@@ -114,6 +134,20 @@ def _usage(engine: Any, *, since: dt.timedelta, by: str, fmt: str) -> str:
         writer.writerows(["" if v is None else v for v in r] for r in records)
         return out.getvalue()
     return _table(header, records)
+
+
+def _plot(engine: Any, *, since: dt.timedelta, by: str, path: Path) -> int:
+    from phalanx.store import plot
+
+    until = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    data = plot.series(engine, since=until - since, until=until, by=by)
+    try:
+        plot.draw(data, path)
+    except plot.PlotUnavailable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"plot: {path} ({data.label} per {by})", file=sys.stderr)
+    return 0
 
 
 def _timeline(engine: Any, *, namespace: str, name: str, fmt: str) -> str:
