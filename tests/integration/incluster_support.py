@@ -17,7 +17,10 @@ EndpointSlices, so the operator listens on that address.
 
 The API server's audit log (``devcluster/audit-policy.yaml``: every request of a ServiceAccount
 of ``phalanx-system``) says which call the operator made and what it was answered: a 403 in it
-is tied to the verb, resource and name that needed a rule.
+is tied to the verb, resource and name that needed a rule. Its events carry when the request
+was received and answered, and the bound token's ``credential-id``: a replica started with a
+token of its own (``start(name, own_token=True)``) is told apart from the others by it, though
+all run as the one ServiceAccount.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +49,10 @@ from phalanx.operator.kubeconfig import SERVICE_ACCOUNT_DIR_ENV
 
 OVERLAY = REPO / "manifests" / "overlays" / "devcluster"
 DEPLOYMENT = REPO / "manifests" / "controller" / "deployment.yaml"
+DEFAULT = REPO / "manifests" / "default"
 NAMESPACE = "phalanx-system"
 ACCOUNT = f"system:serviceaccount:{NAMESPACE}:phalanx"
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
 CONFIGURATION = "phalanx.kueue.x-k8s.io"
 WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 SLICE_MANAGER = "phalanx-tests"
@@ -77,9 +83,20 @@ def deployment_args() -> list[str]:
     return list(container["args"])
 
 
-def manifest_lease_settings() -> tuple[float, float, float]:
-    """(lease duration, renew deadline, retry period) the Deployment runs with: its flags,
-    else the operator's defaults (those of LeaderElectionConfig)."""
+def rendered_deployment_args(cluster: ClusterHandle) -> list[str]:
+    """The operator's arguments in the Deployment as a cluster gets it:
+    ``kubectl kustomize manifests/default`` rendered, its Deployment's container."""
+    rendered = cluster.kubectl_ok("kustomize", str(DEFAULT))
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return list(container["args"])
+
+
+def manifest_lease_settings(args: list[str] | None = None) -> tuple[float, float, float]:
+    """(lease duration, renew deadline, retry period) the Deployment runs with: its flags
+    (``args``, else those of ``manifests/controller/deployment.yaml``), else the operator's
+    defaults (those of LeaderElectionConfig)."""
     from phalanx.operator.leader import LeaderElectionConfig
 
     defaults = LeaderElectionConfig(namespace=NAMESPACE, identity="-")
@@ -88,7 +105,7 @@ def manifest_lease_settings() -> tuple[float, float, float]:
         "renew-deadline": defaults.renew_deadline,
         "retry-period": defaults.retry_period,
     }
-    for arg in deployment_args():
+    for arg in deployment_args() if args is None else args:
         for key in values:
             if arg.startswith(f"--leader-elect-{key}="):
                 values[key] = float(arg.split("=", 1)[1])
@@ -106,6 +123,12 @@ class AuditEvent:
     uri: str
     code: int
     message: str = ""
+    credential: str = ""
+    """The bound token's ``credential-id`` (``JTI=...``): which replica sent it."""
+    received: float = 0.0
+    """When the API server received the request (epoch seconds, microsecond precision)."""
+    completed: float = 0.0
+    """When it answered it."""
 
     @property
     def call(self) -> str:
@@ -141,6 +164,7 @@ class AuditLog:
             if event.get("stage") != "ResponseComplete":
                 continue
             ref = event.get("objectRef") or {}
+            extra = (event.get("user") or {}).get("extra") or {}
             out.append(
                 AuditEvent(
                     verb=event.get("verb", ""),
@@ -152,9 +176,27 @@ class AuditLog:
                     uri=event.get("requestURI", ""),
                     code=int((event.get("responseStatus") or {}).get("code") or 0),
                     message=str((event.get("responseStatus") or {}).get("message") or ""),
+                    credential=str((extra.get(CREDENTIAL_ID) or [""])[0]),
+                    received=_epoch(event.get("requestReceivedTimestamp")),
+                    completed=_epoch(event.get("stageTimestamp")),
                 )
             )
         return out
+
+
+def _epoch(stamp: Any) -> float:
+    """An audit timestamp (RFC 3339, microseconds, ``Z``) as epoch seconds; 0 if absent."""
+    if not stamp:
+        return 0.0
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+
+
+def credential_id(token: str) -> str:
+    """The ``credential-id`` the API server records for a bound ServiceAccount token: its JWT
+    ID (the payload is read, not verified)."""
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return f"JTI={claims['jti']}"
 
 
 @dataclass
@@ -165,6 +207,8 @@ class Replica:
     metrics_port: int
     health_port: int
     log_offset: int = 0
+    credential: str = ""
+    """Its token's ``credential-id`` when it got a token of its own, else empty."""
 
     def text(self) -> str:
         data = self.log.read_bytes() if self.log.exists() else b""
@@ -197,6 +241,9 @@ class InClusterInstall:
     address: str = field(default_factory=host_address)
     audit: AuditLog = field(init=False)
     replicas: dict[str, Replica] = field(default_factory=dict)
+    args: list[str] | None = None
+    """The Deployment's arguments to start replicas with (``rendered_deployment_args``);
+    None: those of ``manifests/controller/deployment.yaml``."""
 
     def __post_init__(self) -> None:
         self.audit = AuditLog(Layout(self.cluster.state_dir).audit_log)
@@ -271,7 +318,7 @@ class InClusterInstall:
         ConfigMap's file, the pod's name and namespace, ports free on this machine, the host
         address to listen on."""
         out = [sys.executable, "-m", "phalanx.cli.main"]
-        for arg in deployment_args():
+        for arg in deployment_args() if self.args is None else self.args:
             key = arg.split("=", 1)[0]
             if key == "--config":
                 arg = f"--config={self.config}"
@@ -289,7 +336,22 @@ class InClusterInstall:
             out.append(arg)
         return [*out, "--metrics-listen=127.0.0.1", "--health-probe-listen=127.0.0.1"]
 
-    def start(self, name: str) -> Replica:
+    def start(self, name: str, *, own_token: bool = False) -> Replica:
+        """A replica named ``name`` (its pod name: the Lease identity). ``own_token``: it
+        reads a token of its own (``kubectl create token``, as each pod gets its own bound
+        token), so the audit log tells its calls apart by ``Replica.credential``; otherwise
+        it shares the install's ServiceAccount folder."""
+        sa_dir, credential = self.sa_dir, ""
+        if own_token:
+            sa_dir = self.workdir / f"serviceaccount-{name}"
+            sa_dir.mkdir(parents=True, exist_ok=True)
+            token = self.cluster.kubectl_ok(
+                "create", "token", "phalanx", "-n", NAMESPACE, "--duration=2h"
+            ).strip()
+            sa_dir.joinpath("token").write_text(token)
+            sa_dir.joinpath("ca.crt").write_bytes(self.sa_dir.joinpath("ca.crt").read_bytes())
+            sa_dir.joinpath("namespace").write_text(NAMESPACE)
+            credential = credential_id(token)
         webhook_port, metrics_port, health_port = free_port(), free_port(), free_port()
         self._publish(name, webhook_port)
         host, port = self._server()
@@ -298,7 +360,7 @@ class InClusterInstall:
             {
                 "KUBERNETES_SERVICE_HOST": host,
                 "KUBERNETES_SERVICE_PORT": port,
-                SERVICE_ACCOUNT_DIR_ENV: str(self.sa_dir),
+                SERVICE_ACCOUNT_DIR_ENV: str(sa_dir),
                 "HOME": str(self.workdir),  # no ~/.kube/config to fall back on
             }
         )
@@ -312,7 +374,7 @@ class InClusterInstall:
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
-        replica = Replica(name, process, log, metrics_port, health_port, offset)
+        replica = Replica(name, process, log, metrics_port, health_port, offset, credential)
         self.replicas[name] = replica
         return replica
 
@@ -380,8 +442,10 @@ def _point_conversion_at_the_service(cluster: ClusterHandle) -> None:
 
 
 @contextlib.contextmanager
-def installed(cluster: ClusterHandle, workdir: Path) -> Iterator[InClusterInstall]:
-    install = InClusterInstall(cluster, workdir)
+def installed(
+    cluster: ClusterHandle, workdir: Path, *, args: list[str] | None = None
+) -> Iterator[InClusterInstall]:
+    install = InClusterInstall(cluster, workdir, args=args)
     install.apply()
     try:
         yield install
