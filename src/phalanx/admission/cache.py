@@ -56,6 +56,10 @@ class QuotaBooks:
         """Preemptors whose last victim just went: the next cycle admits them first."""
         self.dirty_roots: set[QuotaNode] = set()
         """Roots of trees where quota was freed: their parked workloads may fit now."""
+        self.local_usage: dict[str, dict[str, int]] = {}
+        """LocalQueue key -> resource -> what its ADMITTED and EVICTING workloads count,
+        flavors summed (Kueue's LocalQueue admitted usage, which admission fair sharing
+        samples)."""
 
     # -- transitions -------------------------------------------------------------------------
 
@@ -67,6 +71,7 @@ class QuotaBooks:
         entry.usage = admission.usage()
         self.tree.add_usage(state.node, entry.usage)
         state.add_admitted(entry)
+        self._local_usage(entry, 1)
 
     def claim(
         self,
@@ -116,6 +121,7 @@ class QuotaBooks:
         state = self.queues.get(entry.cluster_queue or "")
         claimer = self.claims.get(entry.claimed_by or "")
         waiting = claimer is not None and entry.key in claimer.victims_pending
+        self._local_usage(entry, -1)
         if entry.usage and state is not None:
             if claimer is not None and waiting:
                 claimer.held = (*claimer.held, (state.name, entry.usage))
@@ -132,6 +138,19 @@ class QuotaBooks:
                 self.ready_claims.append(claimer)
         entry.claimed_by = None
         entry.admission = None
+
+    def _local_usage(self, entry: Entry, sign: int) -> None:
+        if not entry.usage:
+            return
+        totals = self.local_usage.setdefault(entry.local_queue, {})
+        for (_, resource), amount in entry.usage.items():
+            left = totals.get(resource, 0) + sign * amount
+            if left:
+                totals[resource] = left
+            else:
+                totals.pop(resource, None)
+        if not totals:
+            del self.local_usage[entry.local_queue]
 
     def release_claim(self, entry: Entry) -> None:
         """A preemptor gives up (deleted, deactivated, its queue stopped or deleted, or it
@@ -224,11 +243,15 @@ class QuotaBooks:
         """Invariants 1 and 2, recomputed from ``entries``: what differs, as messages."""
         found: list[str] = []
         expected: dict[str, dict[FlavorResource, int]] = {}
+        local: dict[str, dict[str, int]] = {}
         for entry in entries:
             if entry.phase in (Phase.ADMITTED, Phase.EVICTING):
                 if entry.admission is None or entry.usage != entry.admission.usage():
                     found.append(f"{entry.key} {entry.phase.name}: usage is not its admission's")
                 add_into(expected.setdefault(entry.cluster_queue or "", {}), entry.usage)
+                totals = local.setdefault(entry.local_queue, {})
+                for (_, resource), amount in entry.usage.items():
+                    totals[resource] = totals.get(resource, 0) + amount
             elif entry.usage:
                 found.append(f"{entry.key} {entry.phase.name}: counts {entry.usage}")
             for name, held in entry.held:
@@ -238,6 +261,9 @@ class QuotaBooks:
             have = {fr: n for fr, n in state.node.usage.items() if n}
             if want != have:
                 found.append(f"ClusterQueue {name}: tree {have} != workloads {want}")
+        local = {k: {r: n for r, n in v.items() if n} for k, v in local.items()}
+        if {k: v for k, v in local.items() if v} != self.local_usage:
+            found.append(f"LocalQueue usage {self.local_usage} != workloads {local}")
         return found
 
     # -- internals ---------------------------------------------------------------------------

@@ -46,7 +46,7 @@ __all__ = ["run"]
 
 
 class _Out:
-    __slots__ = ("admitted", "attempts", "evicted", "now", "preempted")
+    __slots__ = ("admitted", "attempts", "evicted", "fair_first", "now", "preempted")
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -54,6 +54,9 @@ class _Out:
         self.preempted: list[Preempt] = []
         self.evicted: list[Evict] = []
         self.attempts = 0
+        self.fair_first: dict[str, dict[str, float]] = {}
+        """ClusterQueue -> LocalQueue -> its lowest usage when one of its workloads was
+        admitted in this cycle (admission fair sharing; for explanations)."""
 
 
 def run(s: Scheduler, now: int) -> CycleResult:
@@ -125,7 +128,7 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
             )
             continue
         entry.admitted_at = out.now
-        _admitted_now(s, entry)
+        _admitted_now(s, entry, out)
         assert entry.admission is not None
         out.admitted.append(Admit(entry.key, entry.admission, out.now))
 
@@ -371,6 +374,10 @@ def _process(
         return
     if assignment.mode != FitMode.NO_FIT or assignment.reason == PendingReason.WAITING_FOR_QUOTA:
         blocking = explaining.holders(state, assignment, limit=s.config.blocking_limit)
+    fair_note = ""
+    went_first = out.fair_first.get(state.name)
+    if went_first and s.fair_usage is not None:
+        fair_note = explaining.fair_usage_note(s, state, entry, went_first)
     found = explaining.explanation(
         entry=entry,
         state=state,
@@ -379,6 +386,7 @@ def _process(
         extra=failure,
         blocking=blocking,
         now=s.now,
+        fair_sharing=fair_note,
     )
     entry.explanation = found
     s.fresh[entry.key] = found
@@ -425,16 +433,23 @@ def _admit(
     state.queue.pop(entry)
     s.books.admit(entry, state, assignment.admission(state.name, topology))
     entry.admitted_at = out.now
-    _admitted_now(s, entry)
+    _admitted_now(s, entry, out)
     assert entry.admission is not None
     out.admitted.append(Admit(entry.key, entry.admission, out.now))
 
 
-def _admitted_now(s: Scheduler, entry: Entry) -> None:
+def _admitted_now(s: Scheduler, entry: Entry, out: _Out) -> None:
     entry.admitted_cycle = s.cycle_number
     entry.explanation = None
     entry.requeue_at = 0
     s.fresh.pop(entry.key, None)
+    if s.fair_usage is not None and entry.cluster_queue in s.queues:
+        state = s.queues[entry.cluster_queue]
+        if state.spec.usage_based_fair_sharing:
+            first = out.fair_first.setdefault(state.name, {})
+            usage = s.local_queue_usage(entry.local_queue)
+            first[entry.local_queue] = min(usage, first.get(entry.local_queue, usage))
+            s.charge_fair_usage(entry, out.now)
 
 
 def _preempt(

@@ -124,6 +124,9 @@ class Explanation:
     pod_sets: tuple[PodSetExplanation, ...] = ()
     blocking: tuple[str, ...] = ()
     """Workloads that hold the quota it needs, or that would have to be preempted."""
+    fair_sharing: str = ""
+    """With admission fair sharing: which LocalQueue went first because its decayed usage
+    was lower, with the numbers (also at the end of ``message``)."""
 
     def details(self) -> str:
         """The multi-line form: one block per pod set and flavor tried."""
@@ -141,6 +144,8 @@ class Explanation:
                     )
         if self.blocking:
             lines.append(f"  blocked by: {', '.join(self.blocking)}")
+        if self.fair_sharing:
+            lines.append(f"  {self.fair_sharing}")
         return "\n".join(lines)
 
 

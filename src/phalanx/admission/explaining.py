@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from phalanx.admission.decisions import Explanation, PendingReason
+from phalanx.admission.fair_usage import resource_hours, weighted_usage
 from phalanx.admission.flavors import Assignment
 from phalanx.admission.records import Entry
 from phalanx.admission.state import ClusterQueueState
 
-__all__ = ["explanation", "holders"]
+if TYPE_CHECKING:
+    from phalanx.admission.scheduler import Scheduler
+
+__all__ = ["explanation", "fair_usage_note", "holders"]
 
 
 def holders(state: ClusterQueueState, assignment: Assignment, *, limit: int) -> list[str]:
@@ -42,11 +47,14 @@ def explanation(
     extra: str,
     blocking: Sequence[str],
     now: int,
+    fair_sharing: str = "",
 ) -> Explanation:
     """Why ``entry`` is not admitted, from the flavor assignment that failed."""
     message = assignment.message or extra
     if extra and assignment.message:
         message = f"{assignment.message}; {extra}"
+    if fair_sharing:
+        message = f"{message}; {fair_sharing}" if message else fair_sharing
     return Explanation(
         workload=entry.key,
         cluster_queue=state.name,
@@ -55,4 +63,54 @@ def explanation(
         time=now,
         pod_sets=assignment.explain(),
         blocking=tuple(blocking),
+        fair_sharing=fair_sharing,
     )
+
+
+def fair_usage_note(
+    s: Scheduler, state: ClusterQueueState, entry: Entry, went_first: Mapping[str, float]
+) -> str:
+    """Admission fair sharing: when a LocalQueue with lower decayed usage had a workload
+    admitted ahead of ``entry`` in this cycle, say so with the numbers, in decayed
+    resource-hours (``consumed x half-life / ln 2``), beside a fair split by weight."""
+    ledger = s.fair_usage
+    if ledger is None:
+        return ""
+    mine = s.local_queue_usage(entry.local_queue)
+    ahead = sorted((u, lq) for lq, u in went_first.items() if lq != entry.local_queue and u < mine)
+    if not ahead:
+        return ""
+    theirs, other = ahead[0]
+    weights = ledger.config.resource_weights
+    total = weight_sum = 0.0
+    counted: set[str] = set()
+    for key, lq in s.local_queues.items():
+        if lq.cluster_queue != state.name:
+            continue
+        usage = ledger.get(key)
+        consumed = usage.consumed if usage is not None else {}
+        if key in (entry.local_queue, other):
+            counted |= {r for r, v in consumed.items() if v and weights.get(r, 1.0)}
+        total += weighted_usage(consumed, 1.0, weights)
+        weight_sum += max(lq.fair_weight, 0.0)
+    half_life = ledger.config.usage_half_life_ms
+    unit = f"{next(iter(counted))}-hours" if len(counted) == 1 else "weighted resource-hours"
+    fair = f"; a fair share by weight is {resource_hours(total / weight_sum, half_life):.1f}"
+    return (
+        f"admission fair sharing: LocalQueue {entry.local_queue} waited behind {other}, whose"
+        f" decayed usage is lower: {resource_hours(mine, half_life):.1f} vs"
+        f" {resource_hours(theirs, half_life):.1f} {unit} (half-life {_duration(half_life)}"
+        f"{fair if weight_sum > 0 else ''})"
+    )
+
+
+def _duration(ms: int) -> str:
+    """Milliseconds as a Go duration, the way the configuration writes it (``168h``)."""
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds = rest / 1000
+    text = f"{hours}h" if hours else ""
+    text += f"{minutes}m" if minutes else ""
+    if seconds or not text:
+        text += f"{seconds:g}s"
+    return text

@@ -210,6 +210,10 @@ class ClusterQueue:
     """Names of the AdmissionChecks of ``admissionChecksStrategy``: the queue admits nothing
     while one of them is missing or inactive (Kueue's rule). Which check applies to which
     workload, and its state, are the operator's business: the core reserves quota."""
+    usage_based_fair_sharing: bool = False
+    """``admissionScope.admissionMode: UsageBasedAdmissionFairSharing``: its LocalQueues are
+    served by decayed usage when the scheduler has ``admission_fair_sharing`` configured
+    (``phalanx.admission.fair_usage``)."""
 
     def quotas(self) -> dict[FlavorResource, ResourceQuota]:
         return _quotas_of(self.resource_groups)
@@ -235,6 +239,8 @@ class LocalQueue:
     name: str
     cluster_queue: str
     stop_policy: StopPolicy = StopPolicy.NONE
+    fair_weight: float = 1.0
+    """``fairSharing.weight`` for admission fair sharing (Kueue compares it as a float)."""
 
     @property
     def key(self) -> str:

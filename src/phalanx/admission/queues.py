@@ -14,6 +14,13 @@ parked with a given hint (free capacity on a topology helps only workloads whose
 failed). Parking and waking cost O(classes),
 not O(workloads), which keeps deep queues cheap.
 
+With admission fair sharing (``set_fair``), classes are per LocalQueue and shape, and the
+head is the best head of the LocalQueue with the lowest weighted decayed usage (Kueue's
+``UsageBasedAdmissionFairSharing``): usage first, then priority, then FIFO. The usage is
+read when the head is asked for, so an admission (which charges its LocalQueue) can hand
+the next head to another LocalQueue within the same cycle; the cost is O(LocalQueues of the
+ClusterQueue) per head instead of O(1).
+
 ``HeldWorkloads`` keeps the pending workloads that wait outside any ClusterQueue's queue
 (LocalQueue or ClusterQueue missing, namespace not selected, LocalQueue stopped), grouped by
 the LocalQueue they wait for, so that a queue change re-routes only the groups whose queues
@@ -56,11 +63,13 @@ class ClusterQueueQueue:
     __slots__ = (
         "_classes",
         "_heads",
+        "_lq_heads",
         "_parked",
         "_pushes",
         "_tokens",
         "blocked",
         "blocked_why",
+        "fair",
         "name",
         "pending",
         "strategy",
@@ -79,14 +88,37 @@ class ClusterQueueQueue:
         self._pushes = 0
         self._parked: list[QueueClass] = []
         self._tokens = 0
+        self.fair: Callable[[str], float] | None = None
+        """LocalQueue key -> weighted decayed usage, with admission fair sharing."""
+        # With ``fair``: the class heads per LocalQueue, each heap as ``_heads``.
+        self._lq_heads: dict[str, list[tuple[int, int, int, int, int, QueueClass, Entry]]] = {}
+
+    def set_fair(self, fair: Callable[[str], float] | None) -> None:
+        """Turn admission fair sharing on (``fair`` gives a LocalQueue's usage) or off; the
+        queued workloads are regrouped (classes become per LocalQueue), unparked."""
+        if (fair is None) == (self.fair is None):
+            self.fair = fair
+            return
+        queued = list(self.entries())
+        self.fair = fair
+        self._classes = {}
+        self._heads = []
+        self._lq_heads = {}
+        self._parked = []
+        self.blocked = False
+        self.blocked_why = None
+        self.pending = 0
+        for entry in sorted(queued, key=lambda e: e.seq):
+            self.push(entry)
 
     # -- membership --------------------------------------------------------------------------
 
     def push(self, entry: Entry) -> None:
-        cls = self._classes.get(entry.shape)
+        shape = entry.shape if self.fair is None else (entry.local_queue, entry.shape)
+        cls = self._classes.get(shape)
         if cls is None:
-            cls = QueueClass(entry.shape)
-            self._classes[entry.shape] = cls
+            cls = QueueClass(shape)
+            self._classes[shape] = cls
         self._tokens += 1
         token = self._tokens
         entry.queue_class = cls
@@ -113,7 +145,22 @@ class ClusterQueueQueue:
         """The workload to try next, or None (empty, all parked, or blocked)."""
         if self.blocked:
             return None
-        heads = self._heads
+        fair = self.fair
+        if fair is None:
+            return self._top(self._heads)
+        best: tuple[float, int, int, int] | None = None
+        found: Entry | None = None
+        for local_queue, heads in self._lq_heads.items():
+            entry = self._top(heads)
+            if entry is None:
+                continue
+            rank = (fair(local_queue), heads[0][0], heads[0][1], heads[0][2])
+            if best is None or rank < best:
+                best, found = rank, entry
+        return found
+
+    def _top(self, heads: list[tuple[int, int, int, int, int, QueueClass, Entry]]) -> Entry | None:
+        """The live head of one heap of class heads, dropping stale slots on the way."""
         while heads:
             _, _, _, _, token, cls, entry = heads[0]
             if not cls.parked and _live(entry, cls, token):
@@ -123,18 +170,24 @@ class ClusterQueueQueue:
                 self._push_head(cls)
         return None
 
+    def _heap_of(self, entry: Entry) -> list[tuple[int, int, int, int, int, QueueClass, Entry]]:
+        if self.fair is None:
+            return self._heads
+        return self._lq_heads.setdefault(entry.local_queue, [])
+
     def _push_head(self, cls: QueueClass) -> None:
         order_time, seq, token, entry = cls.heap[0]
         self._pushes += 1
         heapq.heappush(
-            self._heads, (-entry.priority, order_time, seq, self._pushes, token, cls, entry)
+            self._heap_of(entry),
+            (-entry.priority, order_time, seq, self._pushes, token, cls, entry),
         )
 
     def pop(self, entry: Entry) -> None:
         """Remove ``entry``, which must be the current head."""
         cls = entry.queue_class
         assert isinstance(cls, QueueClass)
-        heapq.heappop(self._heads)
+        heapq.heappop(self._heap_of(entry))
         heapq.heappop(cls.heap)
         self.discard(entry)
         if self._clean(cls):
@@ -224,13 +277,20 @@ class ClusterQueueQueue:
             for _, _, token, e in cls.heap
             if _live(e, cls, token)
         ]
-        live.sort(key=lambda item: item[:3])
+        fair = self.fair
+        if fair is not None:
+            usage = {e.local_queue: fair(e.local_queue) for *_, e in live}
+            live.sort(key=lambda item: (usage[item[3].local_queue], *item[:3]))
+        else:
+            live.sort(key=lambda item: item[:3])
         return (item[3] for item in live)
 
     def compact(self) -> None:
         """Drop empty classes (called rarely; classes are cheap to keep)."""
         for shape in [s for s, c in self._classes.items() if not c.heap and not c.parked]:
             del self._classes[shape]
+        for local_queue in [k for k, heads in self._lq_heads.items() if not heads]:
+            del self._lq_heads[local_queue]
 
 
 class HeldGroup:

@@ -23,6 +23,12 @@ from phalanx.admission.decisions import (
     Explanation,
     PendingReason,
 )
+from phalanx.admission.fair_usage import (
+    AdmissionFairSharing,
+    LocalQueueUsage,
+    UsageLedger,
+    kueue_amount,
+)
 from phalanx.admission.model import (
     Admission,
     ClusterQueue,
@@ -59,6 +65,9 @@ class SchedulerConfig:
     backoff_max_ms: int = 3_600_000
     blocking_limit: int = 5
     """How many blocking workloads an explanation names."""
+    admission_fair_sharing: AdmissionFairSharing | None = None
+    """Kueue's ``admissionFairSharing`` (with its feature gate on): ClusterQueues with
+    ``usage_based_fair_sharing`` serve their LocalQueues by decayed usage. None: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,9 @@ class Scheduler:
         self.mismatch_cache: dict[tuple[str, object], str | None] = {}
         self.lendable_cache: dict[str, dict[str, int]] = {}
         self.cycle_errors: dict[str, str] = {}
+        afs = self.config.admission_fair_sharing
+        self.fair_usage: UsageLedger | None = None if afs is None else UsageLedger(afs)
+        """Decayed usage per LocalQueue (admission fair sharing), None when it is off."""
         self.now = 0
         self.cycle_number = 0
         self._seq = 0
@@ -170,6 +182,8 @@ class Scheduler:
             if spec.stop_policy != was_stopped:
                 stopping.stop_policy_changed(self, state)
         self._structure_changed(old_root, node)
+        fair = self.fair_usage is not None and spec.usage_based_fair_sharing
+        state.queue.set_fair(self.local_queue_usage if fair else None)
         routing.refresh_active(self, state)
         routing.reroute_held(self)
         for workload, admission in self.books.orphans_of(spec.name):
@@ -250,6 +264,8 @@ class Scheduler:
         key = f"{namespace}/{name}"
         if self.local_queues.pop(key, None) is None:
             return
+        if self.fair_usage is not None:
+            self.fair_usage.forget(key)
         for entry in self.entries_of_local_queue(key):
             if entry.phase == Phase.PENDING:
                 routing.unqueue(self, entry)
@@ -382,6 +398,55 @@ class Scheduler:
                 PendingReason.TOPOLOGY_PLACEMENT_FAILED
             ):
                 self.active.add(state.name)
+
+    # -- admission fair sharing --------------------------------------------------------------
+
+    def local_queue_usage(self, key: str) -> float:
+        """LocalQueue ``key``'s weighted decayed usage (0 with admission fair sharing off)."""
+        if self.fair_usage is None:
+            return 0.0
+        lq = self.local_queues.get(key)
+        return self.fair_usage.usage(key, lq.fair_weight if lq is not None else 1.0)
+
+    def restore_local_queue_usage(
+        self, key: str, consumed: Mapping[str, float], last_update: int
+    ) -> None:
+        """Seed LocalQueue ``key``'s decayed usage (Kueue units: CPU in cores) as persisted:
+        its ``admissionFairSharingStatus``, or rebuilt from the store. No-op when off."""
+        if self.fair_usage is not None:
+            self.fair_usage.restore(key, consumed, last_update)
+
+    def admitted_usage(self, key: str) -> dict[str, float]:
+        """What LocalQueue ``key``'s admitted workloads hold now, per resource (Kueue units)."""
+        return {r: kueue_amount(r, n) for r, n in self.books.local_usage.get(key, {}).items()}
+
+    def sample_fair_usage(self, now: int, *, only: str | None = None) -> dict[str, LocalQueueUsage]:
+        """Every ``usageSamplingInterval``: decay each LocalQueue of a ClusterQueue with
+        ``UsageBasedAdmissionFairSharing`` towards what it holds now (Kueue's LocalQueue
+        reconcile). Returns the sampled LocalQueues' usage (for their status)."""
+        ledger = self.fair_usage
+        if ledger is None:
+            return {}
+        sampled: dict[str, LocalQueueUsage] = {}
+        for key in sorted(self.local_queues):
+            if only is not None and key != only:
+                continue
+            state = self.queues.get(self.local_queues[key].cluster_queue)
+            if state is None or not state.spec.usage_based_fair_sharing:
+                continue
+            sampled[key] = ledger.sample(key, self.admitted_usage(key), now)
+        return sampled
+
+    def charge_fair_usage(self, entry: Entry, now: int) -> None:
+        """``entry`` was just admitted: its LocalQueue pays the entry penalty (cycle.py)."""
+        ledger = self.fair_usage
+        state = self.queues.get(entry.cluster_queue or "")
+        if ledger is None or state is None or not state.spec.usage_based_fair_sharing:
+            return
+        requests: dict[str, float] = {}
+        for (_, resource), amount in entry.usage.items():
+            requests[resource] = requests.get(resource, 0.0) + kueue_amount(resource, amount)
+        ledger.charge(entry.local_queue, requests, self.admitted_usage(entry.local_queue), now)
 
     # -- the cycle ---------------------------------------------------------------------------
 
