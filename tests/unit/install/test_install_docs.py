@@ -1,8 +1,11 @@
 """Every command of docs/install.md runs: the ones that need no cluster as written, the ones
 that change a cluster as the rendering they would apply (``kubectl kustomize`` for ``kubectl
 apply/delete -k``, ``helm template`` for ``helm install/upgrade``); the devcluster overlay's
-apply runs for real in tests/integration/test_install_devcluster.py. A command this test does
-not know fails it, so the page cannot grow an unchecked one."""
+apply runs for real in tests/integration/test_install_devcluster.py, and every command of
+"Upgrading from Kueue" (stopping Kueue, deleting its webhook configurations and APIServices,
+taking over its CRDs) in tests/integration/test_install_from_kueue.py, against a stand-in of what
+Kueue leaves; here they are checked to name Kueue's objects and Phalanx's. A command this test
+does not know fails it, so the page cannot grow an unchecked one."""
 
 from __future__ import annotations
 
@@ -52,6 +55,75 @@ def _image_build(argv: list[str]) -> None:
     assert argv[argv.index("-t") + 1] == image
 
 
+# Kueue's objects, as its manifests name them (config/default: namespace kueue-system, prefix
+# kueue-); tests/integration/test_install_from_kueue.py builds them and runs the commands.
+KUEUE_OBJECTS = {
+    ("deployment", "kueue-controller-manager"),
+    ("mutatingwebhookconfiguration", "kueue-mutating-webhook-configuration"),
+    ("validatingwebhookconfiguration", "kueue-validating-webhook-configuration"),
+    ("apiservice", "v1beta1.visibility.kueue.x-k8s.io"),
+    ("apiservice", "v1beta2.visibility.kueue.x-k8s.io"),
+    ("namespace", "kueue-system"),
+}
+READ_ONLY = {"get", "describe"}
+KUEUE_KINDS = {"workloads", "clusterqueues", "localqueues", "resourceflavors", "pods", "jobs"}
+
+
+def _names(args: list[str]) -> list[str]:
+    return [a for a in args if not a.startswith("-")]
+
+
+def _crd_names() -> set[str]:
+    return {
+        yaml.safe_load(p.read_text())["metadata"]["name"] for p in (REPO / "crds").glob("*.yaml")
+    }
+
+
+def _upgrade_command(argv: list[str]) -> bool:
+    """The commands of the upgrade sections that act on a live cluster; False if not one."""
+    args = argv[1:]
+    if args[:2] == ["-n", "kueue-system"]:
+        args = args[2:]
+        if args[:1] == ["scale"]:
+            kind, _, name = args[1].partition("/")
+            assert (kind, name) in KUEUE_OBJECTS and args[2:] == ["--replicas=0"], argv
+            return True
+        if args[:1] == ["get"]:
+            assert args[1:] == ["pods"], argv
+            return True
+        return False
+    if args[:2] == ["-n", "phalanx-system"] and args[2:4] == ["rollout", "status"]:
+        deployments = [
+            o["metadata"]["name"]
+            for o in objects(run(kubectl(), "kustomize", MANIFESTS / "default"))
+            if o["kind"] == "Deployment"
+        ]
+        assert args[4:] == [f"deployment/{name}" for name in deployments], argv
+        return True
+    verb = args[0]
+    if verb == "delete" and "-k" not in args:
+        kind, *names = _names(args[1:])
+        assert names and all((kind, n) in KUEUE_OBJECTS for n in names), argv
+        return True
+    if verb == "annotate":
+        kind, *rest = _names(args[1:])
+        *names, annotation = rest
+        assert kind == "crd" and names and set(names) <= _crd_names(), argv
+        assert annotation == "cert-manager.io/inject-ca-from-", argv  # a removal only
+        return True
+    if verb in READ_ONLY:
+        kind = _names(args[1:])[0]
+        assert kind in KUEUE_KINDS, argv
+        return True
+    return False
+
+
+def test_the_kueue_upgrade_is_run_by_its_integration_test():
+    text = (REPO / "tests" / "integration" / "test_install_from_kueue.py").read_text()
+    assert 'SECTION = "## Upgrading from Kueue"' in text
+    assert "## Upgrading from Kueue\n" in DOC.read_text()
+
+
 def test_every_command_of_the_page_runs(tmp_path: Path):
     commands = _commands()
     assert commands, "docs/install.md has no commands"
@@ -81,6 +153,8 @@ def test_every_command_of_the_page_runs(tmp_path: Path):
             assert objects(run(kubectl(), "kustomize", folder)), folder
         elif program == "kubectl" and verb == "kustomize":
             assert objects(run(kubectl(), *argv[1:]))
+        elif program == "kubectl" and _upgrade_command(argv):
+            pass
         elif program == "helm" and verb in ("install", "upgrade"):
             _helm_template(argv)
         elif program in ("docker", "buildah") and verb == "build":
