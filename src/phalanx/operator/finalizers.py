@@ -14,6 +14,14 @@ admitted Workloads is itself held, that covers them. Phalanx also holds a flavor
 admitted, unfinished Workload's ``status.admission`` names after its ClusterQueue dropped it
 from its spec: those pods run with the flavor's node labels and their quota is counted in it.
 
+Workloads: Phalanx creates its Workloads without the finalizer, but Kueue creates every
+Workload of a Job with it and removes it itself once the Workload is finished or being
+deleted. A cluster taken over from Kueue (docs/install.md, "Upgrading from Kueue") has such
+Workloads, and so may a Workload a user wrote by hand: the leader removes the finalizer from
+one that is finished or being deleted, as Kueue would, so a deleted Job's Workload goes away
+and its quota returns instead of staying held by a finalizer nobody serves. Only Workloads
+that carry it are looked at (a change feed keeps the list), not every Workload per pass.
+
 Only the scheduling loop calls :meth:`ResourceInUseFinalizers.reconcile`, between cycles, with
 the core's current view; the patches run as tasks and a failed one is retried on a later pass.
 """
@@ -30,6 +38,7 @@ from phalanx.operator.kube import (
     JSON_PATCH,
     KUEUE,
     TRANSIENT_ERRORS,
+    WORKLOADS,
     ApiError,
     KubeApi,
     Resource,
@@ -48,7 +57,11 @@ logger = logging.getLogger(__name__)
 
 RESOURCE_IN_USE = "kueue.x-k8s.io/resource-in-use"
 RESOURCE_FLAVORS = Resource(KUEUE, "v1beta2", "resourceflavors", namespaced=False)
-_RESOURCES = {"ClusterQueue": CLUSTER_QUEUES, "ResourceFlavor": RESOURCE_FLAVORS}
+_RESOURCES = {
+    "ClusterQueue": CLUSTER_QUEUES,
+    "ResourceFlavor": RESOURCE_FLAVORS,
+    "Workload": WORKLOADS,
+}
 
 
 def finalizer_patch(obj: Mapping[str, Any], *, keep: bool) -> list[dict[str, Any]] | None:
@@ -106,6 +119,19 @@ class ResourceInUseFinalizers:
         self.state = state
         self._spawn = spawn
         self._in_flight: set[tuple[str, str]] = set()
+        self._workloads: set[str] = set()
+        """Keys of Workloads that carry the finalizer (from the change feed)."""
+        state.subscribe(self._on_change)
+
+    def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
+        if kind != "Workload":
+            return
+        if obj is not None and RESOURCE_IN_USE in (
+            (obj.get("metadata") or {}).get("finalizers") or ()
+        ):
+            self._workloads.add(key)
+        else:
+            self._workloads.discard(key)
 
     def reconcile(self, *, in_core: Callable[[str], bool]) -> None:
         """Add the finalizer to live ClusterQueues and ResourceFlavors; remove it from deleted
@@ -129,6 +155,10 @@ class ResourceInUseFinalizers:
                 if name in used:
                     continue  # named by a ClusterQueue or held by a Workload
             self._keep("ResourceFlavor", name, obj, keep=not deleting)
+        for key in list(self._workloads):
+            workload = self.state.get("Workload", key)
+            if workload is not None and (_deleting(workload) or _finished(workload)):
+                self._keep("Workload", key, workload, keep=False)
 
     def _keep(self, kind: str, name: str, obj: Mapping[str, Any], *, keep: bool) -> None:
         if (kind, name) in self._in_flight:
@@ -142,8 +172,13 @@ class ResourceInUseFinalizers:
     async def _patch(
         self, kind: str, name: str, patch: list[dict[str, Any]], *, adding: bool
     ) -> None:
+        namespace, path_name = None, name
+        if _RESOURCES[kind].namespaced:
+            namespace, _, path_name = name.partition("/")
         try:
-            updated = await self.api.patch(_RESOURCES[kind], name, patch, content_type=JSON_PATCH)
+            updated = await self.api.patch(
+                _RESOURCES[kind], path_name, patch, namespace=namespace, content_type=JSON_PATCH
+            )
         except ApiError as error:
             if error.status not in (404, 409, 422):  # gone, or changed: the next pass sees it
                 logger.warning(
@@ -175,3 +210,7 @@ class ResourceInUseFinalizers:
 
 def _deleting(obj: Mapping[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _finished(obj: Mapping[str, Any]) -> bool:
+    return cond.is_true((obj.get("status") or {}).get("conditions") or (), cond.FINISHED)

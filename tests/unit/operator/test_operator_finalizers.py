@@ -265,3 +265,67 @@ def test_the_answer_to_a_release_is_not_recorded_over_the_deletion() -> None:
     asyncio.run(coros[0])
     assert "cq" not in state.objects["ClusterQueue"]
     assert finalizer_writes(state) == [("resourceflavors", "default", "remove")]
+
+
+def _workload(
+    *, finalizers: list[str], rv: int = 9, finished: bool = False, deleting: bool = False
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": "job-train-1a2b3",
+        "namespace": "team-a",
+        "resourceVersion": str(rv),
+        "uid": "w1",
+        "finalizers": finalizers,
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    conditions = [{"type": "Finished", "status": "True"}] if finished else []
+    return {"metadata": metadata, "spec": {}, "status": {"conditions": conditions}}
+
+
+def test_a_kueue_workloads_finalizer_is_removed_once_it_is_finished_or_deleted() -> None:
+    # Kueue creates a Job's Workload with the finalizer and removes it itself; after a move
+    # from Kueue nobody else does, and a deleted Job's Workload would hold its quota forever.
+    state = ClusterState()
+    spawned: list[Any] = []
+
+    def spawn(coro: Any) -> None:
+        spawned.append(coro)
+        coro.close()
+
+    finalizers = ResourceInUseFinalizers(None, state, spawn=spawn)  # type: ignore[arg-type]
+    key = ("Workload", "team-a/job-train-1a2b3")
+    state.apply("Workload", None, _workload(finalizers=["other", RESOURCE_IN_USE]))
+    finalizers.reconcile(in_core=lambda name: False)
+    assert spawned == [], "a running Workload keeps it"
+    for version in (
+        _workload(finalizers=[RESOURCE_IN_USE], rv=10, finished=True),
+        _workload(finalizers=[RESOURCE_IN_USE], rv=11, deleting=True),
+    ):
+        state.apply("Workload", None, version)
+        finalizers._in_flight.clear()
+        spawned.clear()
+        finalizers.reconcile(in_core=lambda name: False)
+        assert len(spawned) == 1 and key in finalizers._in_flight, version["metadata"]
+    # Without the finalizer (removed, or never there) it is not looked at again.
+    finalizers._in_flight.clear()
+    spawned.clear()
+    state.apply("Workload", None, _workload(finalizers=[], rv=12, deleting=True))
+    finalizers.reconcile(in_core=lambda name: False)
+    assert spawned == [] and not finalizers._workloads
+
+
+def test_the_workload_patch_is_sent_to_its_namespace() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class Api:
+        async def patch(self, resource: Any, name: str, patch: Any, **kwargs: Any) -> Any:
+            calls.append((resource.plural, name, kwargs.get("namespace")))
+            return {"metadata": {"deletionTimestamp": "x", "finalizers": []}}
+
+    state = ClusterState()
+    finalizers = ResourceInUseFinalizers(Api(), state, spawn=lambda c: None)  # type: ignore[arg-type]
+    patch = finalizer_patch(_workload(finalizers=[RESOURCE_IN_USE]), keep=False)
+    assert patch is not None
+    asyncio.run(finalizers._patch("Workload", "team-a/job-train-1a2b3", patch, adding=False))
+    assert calls == [("workloads", "job-train-1a2b3", "team-a")]
