@@ -30,7 +30,8 @@ Kueue's docs say happens:
   the Job waits with quota reserved until its ProvisioningRequest (class and
   ``provreq.kueue.x-k8s.io/`` parameters from the example) is Provisioned, then runs;
 - what Phalanx refuses or treats differently, as docs/api.md says: ``concurrentAdmissionPolicy``
-  and ``admissionScope`` are refused naming the field; the shared-quota example is accepted and
+  is refused naming the field; the admission fair sharing setup (``admissionScope``) is
+  accepted and stored as written; the shared-quota example is accepted and
   its Job admitted, but ``cpu_credits`` is never charged (Kueue's resource transformations are
   a Configuration feature Phalanx does not implement);
 - every Kueue object of the examples, written in v1beta1 (Kueue's v0.14.8 copies, and Phalanx's
@@ -43,12 +44,12 @@ they are not applied at all): JobSet (``jobs/sample-jobset*.yaml``), Kubeflow
 (``sample-sparkapplication.yaml``), Ray (``jobs/ray-*.yaml``), plain Pods and pod groups
 (``pods-kueue/``, ``pod-based-workloads/``), serving workloads (Deployment, StatefulSet,
 LeaderWorkerSet: ``serving-workloads/``), MultiKueue (``multikueue/``), DRA (``dra/``, needs
-Kueue's DRA support), admission fair sharing jobs (``admission-fs/lq-*-simple-job.yaml``: their
-queue's ClusterQueue is refused), the visibility API (``visibility/``), Kueue's Python client
-scripts (``python/``) and the ValidatingAdmissionPolicy samples (``sample-*-policy*.yaml``,
-policies on Kueue's own Jobs, not Kueue objects). Fair sharing between ClusterQueues needs
-``fairSharing.enable`` in the operator's configuration: the Cohort weights of
-``cohort-hierarchy.yaml`` are only checked to be accepted and stored.
+Kueue's DRA support), admission fair sharing jobs (``admission-fs/lq-*-simple-job.yaml``: the
+ordering they show is tested in test_operator_admission_fair_sharing.py), the visibility API
+(``visibility/``), Kueue's Python client scripts (``python/``) and the ValidatingAdmissionPolicy
+samples (``sample-*-policy*.yaml``, policies on Kueue's own Jobs, not Kueue objects). Fair
+sharing between ClusterQueues needs ``fairSharing.enable`` in the operator's configuration: the
+Cohort weights of ``cohort-hierarchy.yaml`` are only checked to be accepted and stored.
 """
 
 from __future__ import annotations
@@ -643,7 +644,6 @@ def test_examples_of_unimplemented_features_are_refused_or_documented(
     op = phalanx_operator
     for rel, field in (
         ("v1beta2/admin/concurrent-admission-setup.yaml", "concurrentAdmissionPolicy"),
-        ("v1beta2/admission-fs/admission-fair-sharing-setup.yaml", "admissionScope"),
     ):
         objects = placed(load(rel), namespace)
         for obj in objects:
@@ -653,6 +653,13 @@ def test_examples_of_unimplemented_features_are_refused_or_documented(
             else:  # the flavors and LocalQueues around it are accepted
                 owned += [] if obj["kind"] in NAMESPACED else [ref(obj)]
                 cluster.kubectl_ok("apply", "-f", "-", input=json.dumps(obj))
+
+    # Admission fair sharing between LocalQueues: accepted and stored as written.
+    apply_example(
+        cluster, "v1beta2/admission-fs/admission-fair-sharing-setup.yaml", namespace, owned
+    )
+    scope = get(cluster, "clusterqueues.kueue.x-k8s.io", "cluster-queue")["spec"]["admissionScope"]
+    assert scope == {"admissionMode": "UsageBasedAdmissionFairSharing"}, scope
 
     for rel in ("admin/resource-flavor-taints.yaml", "admin/resource-flavor-tolerations.yaml"):
         apply_example(cluster, f"v1beta2/{rel}", namespace, owned)
@@ -741,7 +748,7 @@ def test_every_example_object_in_v1beta1_is_stored_as_v1beta2_and_reads_back(
         assert obj["apiVersion"] == V1, rel
         proc = cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
         # Refused in v1beta1 exactly as in v1beta2 (see the tests above).
-        if "borrowing-limit" in rel or "admissionScope" in obj.get("spec", {}):
+        if "borrowing-limit" in rel:
             assert proc.returncode != 0, f"{rel}: {obj['kind']} accepted"
             continue
         assert proc.returncode == 0, f"{rel}: {proc.stderr}"

@@ -219,9 +219,9 @@ def test_objects_written_in_v1beta1_are_stored_as_v1beta2_and_read_back_identica
 
     # A field Phalanx refuses in v1beta2 is refused in v1beta1 too, naming it.
     bad = {**objects[2], "metadata": {"name": name + "-scope"}}
-    bad["spec"] = {**bad["spec"], "admissionScope": {"admissionMode": "NoAdmissionFairSharing"}}
+    bad["spec"] = {**bad["spec"], "concurrentAdmissionPolicy": {}}
     refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(bad))
-    assert refused.returncode != 0 and "admissionScope" in refused.stderr, refused.stderr
+    assert refused.returncode != 0 and "concurrentAdmissionPolicy" in refused.stderr, refused.stderr
 
     # v1beta1's list of admission check names is v1beta2's admissionChecksStrategy.
     cleanup.append(f"clusterqueue.kueue.x-k8s.io/{name}-checks")

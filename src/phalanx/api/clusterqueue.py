@@ -20,6 +20,8 @@ from phalanx.api.quota import (
 __all__ = [
     "AdmissionCheckStrategyRule",
     "AdmissionChecksStrategy",
+    "AdmissionMode",
+    "AdmissionScope",
     "BorrowWithinCohort",
     "BorrowWithinCohortPolicy",
     "ClusterQueue",
@@ -129,6 +131,21 @@ class AdmissionChecksStrategy(KueueModel):
     """Each check, with the flavors it applies to."""
 
 
+class AdmissionMode(StrEnum):
+    USAGE_BASED_ADMISSION_FAIR_SHARING = "UsageBasedAdmissionFairSharing"
+    """The queue's LocalQueues are served by decayed usage (needs ``admissionFairSharing``
+    in the operator's configuration)."""
+    NO_ADMISSION_FAIR_SHARING = "NoAdmissionFairSharing"
+    """Priority and FIFO only."""
+
+
+class AdmissionScope(KueueModel):
+    """Whether the ClusterQueue uses admission fair sharing between its LocalQueues."""
+
+    admission_mode: AdmissionMode
+    """UsageBasedAdmissionFairSharing or NoAdmissionFairSharing."""
+
+
 class ClusterQueueSpec(KueueModel):
     """Desired state of a ClusterQueue."""
 
@@ -158,6 +175,9 @@ class ClusterQueueSpec(KueueModel):
     """Weight of this queue in fair sharing."""
     admission_checks_strategy: AdmissionChecksStrategy | None = None
     """AdmissionChecks a workload must pass, besides quota, before it is admitted."""
+    admission_scope: AdmissionScope | None = None
+    """Admission fair sharing between this queue's LocalQueues (Kueue's
+    ``AdmissionFairSharing``)."""
 
 
 class ClusterQueueStatus(KueueModel):

@@ -158,6 +158,8 @@ def cluster_queue(obj: Mapping[str, Any]) -> core.ClusterQueue:
             str(rule["name"])
             for rule in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or ()
         ),
+        usage_based_fair_sharing=(spec.get("admissionScope") or {}).get("admissionMode")
+        == "UsageBasedAdmissionFairSharing",
     )
 
 
@@ -178,6 +180,7 @@ def local_queue(obj: Mapping[str, Any]) -> core.LocalQueue:
         name=obj["metadata"]["name"],
         cluster_queue=spec.get("clusterQueue", ""),
         stop_policy=core.StopPolicy(spec.get("stopPolicy", "None")),
+        fair_weight=_weight(spec.get("fairSharing"), "spec.fairSharing") / 1000,
     )
 
 

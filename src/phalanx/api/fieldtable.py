@@ -29,8 +29,9 @@ __all__ = [
 ]
 
 ACCEPTED_NOT_ACTED_ON: Mapping[tuple[str, str], str] = {
-    ("LocalQueue", "spec.fairSharing"): "time-decayed fair sharing between LocalQueues: not yet",
-    ("LocalQueue", "status.fairSharing"): "not written (no LocalQueue fair sharing yet)",
+    ("LocalQueue", "status.fairSharing.weightedShare"): (
+        "not computed: 0 beside admissionFairSharingStatus (Kueue computes none for a LocalQueue)"
+    ),
     ("Cohort", "status.fairSharing"): "not written (Cohort status is not maintained)",
     ("Workload", "status.reclaimablePods"): "not written",
     ("Workload", "status.resourceRequests"): "not written",

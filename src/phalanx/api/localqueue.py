@@ -69,7 +69,8 @@ class LocalQueueFairSharingStatus(KueueModel):
 
     weighted_share: Int64
     admission_fair_sharing_status: AdmissionFairSharingStatus | None = None
-    """Kueue's admission fair sharing: accepted, not written by Phalanx."""
+    """Admission fair sharing: the queue's decayed usage, written every
+    ``usageSamplingInterval`` by the leader and read back by a new one."""
 
 
 class LocalQueueStatus(KueueModel):

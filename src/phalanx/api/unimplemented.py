@@ -61,12 +61,6 @@ class UnimplementedField:
 UNIMPLEMENTED_FIELDS: tuple[UnimplementedField, ...] = (
     UnimplementedField(
         model=ClusterQueueSpec,
-        field="admissionScope",
-        json_type="object",
-        feature="admission fair sharing",
-    ),
-    UnimplementedField(
-        model=ClusterQueueSpec,
         field="concurrentAdmissionPolicy",
         json_type="object",
         feature="concurrent admission",

@@ -167,11 +167,21 @@ CASES: list[tuple[str, Callable[[], Raw], str, str]] = [
     ),
     (
         "unimplemented ClusterQueue field",
-        lambda: _set(
-            minimal_cq(), "spec.admissionScope", {"admissionMode": "UsageBasedAdmissionFairSharing"}
-        ),
-        "spec.admissionScope",
+        lambda: _set(minimal_cq(), "spec.concurrentAdmissionPolicy", {}),
+        "spec.concurrentAdmissionPolicy",
         "Phalanx does not implement",
+    ),
+    (
+        "admission mode not Kueue's",
+        lambda: _set(minimal_cq(), "spec.admissionScope", {"admissionMode": "UsageBased"}),
+        "spec.admissionScope.admissionMode",
+        "UsageBasedAdmissionFairSharing",
+    ),
+    (
+        "admission scope without a mode",
+        lambda: _set(minimal_cq(), "spec.admissionScope", {}),
+        "spec.admissionScope.admissionMode",
+        "",
     ),
     (
         "unimplemented nested field",
