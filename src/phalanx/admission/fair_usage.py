@@ -159,6 +159,10 @@ class LocalQueueUsage:
     """When ``consumed`` was last decayed (ms; ``lastUpdate``)."""
     penalties: float = 0.0
     """Entry penalties added since the last sample, weighted (for explanations)."""
+    reported: dict[str, float] = field(default_factory=dict)
+    reported_at: int = 0
+    """``consumed`` and its time as of the last sample (or restore): what the LocalQueue's
+    status shows (Kueue writes the status at sampling; admissions only move the cache)."""
 
 
 class UsageLedger:
@@ -177,7 +181,9 @@ class UsageLedger:
 
     def restore(self, key: str, consumed: Mapping[str, float], last_update: int) -> None:
         """Seed ``key`` from what was persisted (the LocalQueue's status, or the store)."""
-        self.entries[key] = LocalQueueUsage(dict(consumed), last_update)
+        self.entries[key] = LocalQueueUsage(
+            dict(consumed), last_update, reported=dict(consumed), reported_at=last_update
+        )
         self.version += 1
 
     def forget(self, key: str) -> None:
@@ -203,6 +209,7 @@ class UsageLedger:
             )
         entry.last_update = max(entry.last_update, now)
         entry.penalties = 0.0
+        entry.reported, entry.reported_at = dict(entry.consumed), entry.last_update
         self.version += 1
         return entry
 

@@ -420,19 +420,29 @@ class Scheduler:
         """What LocalQueue ``key``'s admitted workloads hold now, per resource (Kueue units)."""
         return {r: kueue_amount(r, n) for r, n in self.books.local_usage.get(key, {}).items()}
 
-    def sample_fair_usage(self, now: int, *, only: str | None = None) -> dict[str, LocalQueueUsage]:
-        """Every ``usageSamplingInterval``: decay each LocalQueue of a ClusterQueue with
-        ``UsageBasedAdmissionFairSharing`` towards what it holds now (Kueue's LocalQueue
-        reconcile). Returns the sampled LocalQueues' usage (for their status)."""
+    def fair_sharing_local_queues(self) -> list[str]:
+        """The LocalQueues (keys, in order) of ClusterQueues with
+        ``UsageBasedAdmissionFairSharing``, when admission fair sharing is configured."""
+        if self.fair_usage is None:
+            return []
+        found = []
+        for key in sorted(self.local_queues):
+            state = self.queues.get(self.local_queues[key].cluster_queue)
+            if state is not None and state.spec.usage_based_fair_sharing:
+                found.append(key)
+        return found
+
+    def sample_fair_usage(self, now: int, *, every: int = 0) -> dict[str, LocalQueueUsage]:
+        """Decay each LocalQueue of a ClusterQueue with ``UsageBasedAdmissionFairSharing``
+        towards what it holds now (Kueue's LocalQueue reconcile), those last updated at least
+        ``every`` ms ago (the sampling interval; 0: all). Returns the sampled ones."""
         ledger = self.fair_usage
         if ledger is None:
             return {}
         sampled: dict[str, LocalQueueUsage] = {}
-        for key in sorted(self.local_queues):
-            if only is not None and key != only:
-                continue
-            state = self.queues.get(self.local_queues[key].cluster_queue)
-            if state is None or not state.spec.usage_based_fair_sharing:
+        for key in self.fair_sharing_local_queues():
+            entry = ledger.get(key)
+            if entry is not None and now - entry.last_update < every:
                 continue
             sampled[key] = ledger.sample(key, self.admitted_usage(key), now)
         return sampled

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from phalanx.admission.fair_usage import AdmissionFairSharing
+    from phalanx.operator import configfile as configfile_types
     from phalanx.operator.config import WaitForPodsReady
     from phalanx.operator.configfile import ConfigFile
 
@@ -335,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         fair_sharing=bool(settings.fair_sharing and settings.fair_sharing.enabled),
         managed_jobs_namespace_selector=settings.managed_jobs_namespace_selector,
         tas_balanced_placement=bool(settings.tas_balanced_placement),
+        admission_fair_sharing=_admission_fair_sharing(settings.admission_fair_sharing),
         leader_election=leader_election,
         **(
             {"fair_sharing_strategies": settings.fair_sharing.preemption_strategies}
@@ -343,6 +346,21 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     return run_operator(config)
+
+
+def _admission_fair_sharing(
+    section: configfile_types.AdmissionFairSharing | None,
+) -> AdmissionFairSharing | None:
+    """``--config``'s ``admissionFairSharing`` in the core's terms (milliseconds)."""
+    from phalanx.admission.fair_usage import AdmissionFairSharing
+
+    if section is None:
+        return None
+    return AdmissionFairSharing(
+        usage_half_life_ms=round(section.usage_half_life_seconds * 1000),
+        usage_sampling_interval_ms=round(section.usage_sampling_interval_seconds * 1000),
+        resource_weights=dict(section.resource_weights),
+    )
 
 
 def _store_url(value: str | None) -> str | None:

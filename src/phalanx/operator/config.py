@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.admission.fair_usage import AdmissionFairSharing
 from phalanx.operator.leader import LeaderElectionConfig
 
 __all__ = ["OperatorConfig", "WaitForPodsReady", "WebhookConfig"]
@@ -90,6 +91,10 @@ class OperatorConfig:
     """Kueue's ``fairSharing.preemptionStrategies``, in order."""
     managed_jobs_namespace_selector: Mapping[str, Any] | None = None
     """Kueue's ``managedJobsNamespaceSelector``, as read from ``--config`` (see configfile)."""
+    admission_fair_sharing: AdmissionFairSharing | None = None
+    """Kueue's ``admissionFairSharing`` (``--config``, with the ``AdmissionFairSharing`` gate
+    on): ClusterQueues with ``UsageBasedAdmissionFairSharing`` serve their LocalQueues by
+    decayed usage, kept in the LocalQueues' status (docs/scheduling.md)."""
     tas_balanced_placement: bool = False
     """Kueue's feature gate ``TASBalancedPlacement`` (``featureGates`` in ``--config``):
     preferred pod sets are spread evenly over the fewest domains (docs/placement.md)."""

@@ -4,13 +4,16 @@ The file is what the ``phalanx-config`` ConfigMap of the manifests and the Helm 
 the shape of Kueue's ``config.kueue.x-k8s.io`` Configuration, so a Kueue configuration can be
 brought over as it is:
 
-- ``waitForPodsReady``, ``fairSharing`` and ``integrations`` are honoured;
+- ``waitForPodsReady``, ``fairSharing``, ``admissionFairSharing`` and ``integrations`` are
+  honoured (``admissionFairSharing`` only while the feature gate ``AdmissionFairSharing`` is
+  on, Kueue's default since v0.15; ``featureGates: {AdmissionFairSharing: false}`` turns it off);
   ``managedJobsNamespaceSelector`` (``namespaceSelector``, its deprecated name) is checked and
   kept: in Kueue it selects the namespaces whose Jobs *without* a queue name are managed, and
   Phalanx manages only Jobs with one, so it changes nothing here (the manifests give the
   webhooks the same selector);
-- ``featureGates``: ``TASBalancedPlacement`` is honoured (balanced topology placement of
-  preferred pod sets); the other gates are read past, each named in a log line;
+- ``featureGates``: ``TASBalancedPlacement`` (balanced topology placement of preferred pod
+  sets) and ``AdmissionFairSharing`` are honoured; the other gates are read past, each named
+  in a log line;
 - the process-level sections (``health``, ``metrics``, ``webhook``, ``leaderElection``, ...) are
   set by ``phalanx operator`` flags instead and are read past, each named in a log line;
 - anything else, or a value Phalanx does not implement (``manageJobsWithoutQueueName: true``,
@@ -32,6 +35,7 @@ __all__ = [
     "API_VERSIONS",
     "FAIR_SHARING_STRATEGIES",
     "PROCESS_SECTIONS",
+    "AdmissionFairSharing",
     "ConfigFile",
     "ConfigFileError",
     "FairSharing",
@@ -76,6 +80,15 @@ class FairSharing:
 
 
 @dataclass(frozen=True)
+class AdmissionFairSharing:
+    """Kueue's ``admissionFairSharing`` (durations in seconds, from Go durations)."""
+
+    usage_half_life_seconds: float
+    usage_sampling_interval_seconds: float = 300.0
+    resource_weights: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ConfigFile:
     """What the file sets; ``None`` where it is silent (the flag or the default applies)."""
 
@@ -88,6 +101,8 @@ class ConfigFile:
     managed_jobs_namespace_selector: Mapping[str, Any] | None = None
     tas_balanced_placement: bool | None = None
     """``featureGates.TASBalancedPlacement`` (Kueue's default: off)."""
+    admission_fair_sharing: AdmissionFairSharing | None = None
+    """``admissionFairSharing``; None when absent or its feature gate is off."""
     ignored: tuple[str, ...] = field(default=())
     """Process sections present in the file and read past (flags set them)."""
 
@@ -133,6 +148,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
         problems.append(f"kind: must be Configuration, got {document.get('kind')!r}")
     known = {"apiVersion", "kind", "featureGates", *PROCESS_SECTIONS}
     known |= {"waitForPodsReady", "fairSharing", "integrations", "manageJobsWithoutQueueName"}
+    known |= {"admissionFairSharing"}
     known |= {"managedJobsNamespaceSelector", "namespaceSelector"}
     for key in document:
         if key not in known:
@@ -140,6 +156,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
     values: dict[str, Any] = {}
     _wait_for_pods_ready(document.get("waitForPodsReady"), values, problems)
     _fair_sharing(document.get("fairSharing"), values, problems)
+    _admission_fair_sharing(document.get("admissionFairSharing"), values, problems)
     _integrations(document.get("integrations"), values, problems)
     other_gates = _feature_gates(document.get("featureGates"), values, problems)
     if document.get("manageJobsWithoutQueueName") not in (None, False):
@@ -154,6 +171,8 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
             )
     if problems:
         raise ConfigFileError(source, problems)
+    if not values.pop("admission_fair_sharing_gate", True):
+        values.pop("admission_fair_sharing", None)
     ignored = tuple(k for k in PROCESS_SECTIONS if k in document) + other_gates
     return ConfigFile(ignored=ignored, **values)
 
@@ -167,6 +186,8 @@ def _feature_gates(raw: Any, values: dict[str, Any], problems: list[str]) -> tup
             problems.append(f"featureGates.{name}: must be true or false, got {enabled!r}")
         elif name == "TASBalancedPlacement":
             values["tas_balanced_placement"] = enabled
+        elif name == "AdmissionFairSharing":
+            values["admission_fair_sharing_gate"] = enabled
         else:
             other.append(f"featureGates.{name}")
     return tuple(other)
@@ -272,6 +293,62 @@ def _fair_sharing(raw: Any, values: dict[str, Any], problems: list[str]) -> None
                 )
         chosen = tuple(str(s) for s in strategies)
     values["fair_sharing"] = FairSharing(enabled=bool(enabled), preemption_strategies=chosen)
+
+
+def _admission_fair_sharing(raw: Any, values: dict[str, Any], problems: list[str]) -> None:
+    """Kueue's ``admissionFairSharing``, validated as Kueue's ``validateAdmissionFairSharing``:
+    a half-life of 0 or more, a sampling interval above 0 (default 5m), weights of 0 or more."""
+    where = "admissionFairSharing"
+    if raw is None:
+        return
+    section = _mapping(raw, where, problems)
+    _unknown(
+        section, where, {"usageHalfLifeTime", "usageSamplingInterval", "resourceWeights"}, problems
+    )
+    half_life = _signed_duration(
+        section.get("usageHalfLifeTime"), f"{where}.usageHalfLifeTime", problems
+    )
+    if half_life is None and "usageHalfLifeTime" not in section:
+        problems.append(f"{where}.usageHalfLifeTime: required, a duration such as 168h")
+    elif half_life is not None and half_life < 0:
+        problems.append(
+            f"{where}.usageHalfLifeTime: must be 0 or more, got {section['usageHalfLifeTime']!r}"
+        )
+    interval = _signed_duration(
+        section.get("usageSamplingInterval"), f"{where}.usageSamplingInterval", problems
+    )
+    if interval is not None and interval <= 0:
+        got = section["usageSamplingInterval"]
+        problems.append(f"{where}.usageSamplingInterval: must be above 0, got {got!r}")
+    weights_where = f"{where}.resourceWeights"
+    weights: dict[str, float] = {}
+    for name, weight in _mapping(section.get("resourceWeights"), weights_where, problems).items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            problems.append(f"{weights_where}.{name}: must be a number, got {weight!r}")
+        elif weight < 0:
+            problems.append(f"{weights_where}.{name}: must be 0 or more, got {weight!r}")
+        else:
+            weights[str(name)] = float(weight)
+    if half_life is None or half_life < 0 or (interval is not None and interval <= 0):
+        return
+    values["admission_fair_sharing"] = AdmissionFairSharing(
+        usage_half_life_seconds=half_life,
+        usage_sampling_interval_seconds=300.0 if interval is None else interval,
+        resource_weights=weights,
+    )
+
+
+def _signed_duration(value: Any, where: str, problems: list[str]) -> float | None:
+    """A Go duration that may be negative (so that a negative one is refused as negative)."""
+    if value is None:
+        return None
+    negative = isinstance(value, str) and value.startswith("-")
+    try:
+        seconds = parse_duration(value[1:] if negative else value)
+    except ValueError:
+        problems.append(f"{where}: {value!r} is not a duration; use one such as 5m, 300s or 168h")
+        return None
+    return -seconds if negative else seconds
 
 
 def _integrations(raw: Any, values: dict[str, Any], problems: list[str]) -> None:

@@ -29,6 +29,7 @@ from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 from phalanx.api import convert
 from phalanx.operator import conditions as cond
+from phalanx.operator.afs import FairUsageKeeper
 from phalanx.operator.bridge import CoreBridge
 from phalanx.operator.checks import AdmissionCheckSync
 from phalanx.operator.config import OperatorConfig
@@ -96,9 +97,11 @@ class SchedulingLoop:
                 ),
                 backoff_base_ms=int(pods_ready.backoff_base_seconds * 1000),
                 backoff_max_ms=int(pods_ready.backoff_max_seconds * 1000),
+                admission_fair_sharing=config.admission_fair_sharing,
             ),
             placement=self.oracle,
         )
+        self.fair_usage = FairUsageKeeper(self.scheduler, state, store_url=config.store_url)
         self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
         self.finalizers = ResourceInUseFinalizers(api, state, spawn=self._spawn)
         self.checks = AdmissionCheckSync(
@@ -133,6 +136,7 @@ class SchedulingLoop:
                 await self._task
         for task in list(self._tasks):
             task.cancel()
+        self.fair_usage.close()
 
     def _still_pending(self, key: str) -> bool:
         # Read from writer tasks; a dict lookup and an attribute read, safe beside a cycle.
@@ -181,6 +185,7 @@ class SchedulingLoop:
             )
         self._released.clear()
         result = self.bridge.sync(self.state.drain(), now_ms=now)
+        self.fair_usage.sync(now)
         self.finalizers.reconcile(in_core=self.scheduler.queues.__contains__)
         for key in result.deleted:
             self.writer.forget(key)

@@ -24,6 +24,7 @@ from typing import Any
 from phalanx.admission.records import Entry, Phase
 from phalanx.admission.scheduler import ClusterQueueStatus, Scheduler
 from phalanx.operator import conditions as cond
+from phalanx.operator.afs import status_of as afs_status_of
 from phalanx.operator.kube import CLUSTER_QUEUES, LOCAL_QUEUES, ApiError, KubeApi, Resource
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS
@@ -366,16 +367,21 @@ class QueueStatus:
             self._metrics(scheduler, name, cq, st, flavors[name])
         self.counts.refresh(scheduler, now=now)
         local: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
+        fair_queues = set(scheduler.fair_sharing_local_queues())
         for key, lq in self.state.objects["LocalQueue"].items():
             cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
             totals = self.counts.get(key)
             st = statuses.get(cq_name)
-            built_from = (
+            built_from: tuple[object, ...] = (
                 lq,
                 cluster_queues.get(cq_name),
                 None if st is None else st.active,
                 None if totals is None else totals.version,
             )
+            fair = scheduler.fair_usage.get(key) if scheduler.fair_usage is not None else None
+            if fair is not None and key not in fair_queues:
+                fair = None
+            built_from += (None if fair is None else (fair.reported_at, str(fair.reported)),)
             cached = self._local.get(key)
             if cached is not None and cached[0] == built_from:
                 status = cached[1]
@@ -383,6 +389,8 @@ class QueueStatus:
                 status = self._local_queue_status(
                     key, lq, cq_name, statuses, flavors.get(cq_name, []), totals
                 )
+                if fair is not None:
+                    status["fairSharing"] = afs_status_of(fair)
             local[key] = (built_from, status)
             snapshot[("LocalQueue", key)] = status
         self._local = local

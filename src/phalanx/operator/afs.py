@@ -1,0 +1,124 @@
+"""Admission fair sharing in the operator: restore, sample, and persist LocalQueue usage.
+
+The core keeps each LocalQueue's decayed usage (``Scheduler.fair_usage``); here, between
+cycles, the leader
+
+- restores a LocalQueue it has no usage for (a new leader, a restart, a LocalQueue that just
+  joined a ClusterQueue with ``UsageBasedAdmissionFairSharing``) from its status
+  ``fairSharing.admissionFairSharingStatus.consumedResources``, as Kueue does (and, as Kueue,
+  from ``now``: the time the operator was down does not decay it); when the status has none
+  (a LocalQueue migrated from a Kueue without admission fair sharing, or a status lost) and
+  the usage history store is configured, it rebuilds the usage from the store's reservations
+  of that LocalQueue (``phalanx.store.decay``; one query per such LocalQueue, once per leader);
+- samples each LocalQueue every ``usageSamplingInterval``; ``queuestatus`` writes the sampled
+  value to the LocalQueue's status (only the leader runs this, so only the leader writes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from phalanx.admission.fair_usage import LocalQueueUsage
+from phalanx.admission.scheduler import Scheduler
+from phalanx.operator.state import ClusterState
+from phalanx.quotas.quantity import QuantityError, format_quantity, parse_quantity
+
+__all__ = ["FairUsageKeeper", "consumed_from_status", "status_of"]
+
+logger = logging.getLogger(__name__)
+
+
+def consumed_from_status(lq: Mapping[str, Any]) -> dict[str, float] | None:
+    """``consumedResources`` of a LocalQueue object as floats in Kueue's units, or None when
+    its status has no ``admissionFairSharingStatus``."""
+    status = ((lq.get("status") or {}).get("fairSharing") or {}).get("admissionFairSharingStatus")
+    if not isinstance(status, Mapping):
+        return None
+    consumed: dict[str, float] = {}
+    for resource, quantity in (status.get("consumedResources") or {}).items():
+        try:
+            # Milli precision whatever the resource: parse as if it were CPU.
+            consumed[str(resource)] = parse_quantity(quantity, resource="cpu") / 1000
+        except QuantityError:
+            logger.warning("event=afs_bad_status resource=%s quantity=%r", resource, quantity)
+    return consumed
+
+
+def status_of(usage: LocalQueueUsage) -> dict[str, Any]:
+    """The LocalQueue's ``status.fairSharing`` for what was last sampled: quantities at milli
+    precision (``750m``), ``lastUpdate`` in RFC 3339; ``weightedShare`` 0 as Kueue writes it."""
+    when = dt.datetime.fromtimestamp(usage.reported_at / 1000, tz=dt.UTC)
+    return {
+        "weightedShare": 0,
+        "admissionFairSharingStatus": {
+            "consumedResources": {
+                resource: format_quantity(round(value * 1000), resource="cpu")
+                for resource, value in sorted(usage.reported.items())
+            },
+            "lastUpdate": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+    }
+
+
+class FairUsageKeeper:
+    def __init__(
+        self, scheduler: Scheduler, state: ClusterState, *, store_url: str | None = None
+    ) -> None:
+        self.scheduler = scheduler
+        self.state = state
+        self.store_url = store_url
+        self._engine: Any = None
+
+    def sync(self, now_ms: int) -> None:
+        """Restore what is missing, then sample what is due."""
+        ledger = self.scheduler.fair_usage
+        if ledger is None:
+            return
+        for key in self.scheduler.fair_sharing_local_queues():
+            if ledger.get(key) is None:
+                self._restore(key, now_ms)
+        self.scheduler.sample_fair_usage(now_ms, every=ledger.config.usage_sampling_interval_ms)
+
+    def _restore(self, key: str, now_ms: int) -> None:
+        obj = self.state.get("LocalQueue", key)
+        consumed = consumed_from_status(obj) if obj is not None else None
+        source = "status"
+        if consumed is None and self.store_url:
+            consumed = self._from_store(key, now_ms)
+            source = "store"
+        if consumed is None:
+            return  # the first sample starts it empty, now
+        self.scheduler.restore_local_queue_usage(key, consumed, now_ms)
+        logger.info(
+            "event=afs_restored local_queue=%s source=%s consumed=%s", key, source, consumed
+        )
+
+    def _from_store(self, key: str, now_ms: int) -> dict[str, float] | None:
+        from phalanx.store.db import StoreError, open_engine
+        from phalanx.store.decay import local_queue_consumed
+
+        ledger = self.scheduler.fair_usage
+        assert ledger is not None and self.store_url is not None
+        namespace, _, name = key.partition("/")
+        at = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.UTC).replace(tzinfo=None)
+        try:
+            if self._engine is None:
+                self._engine = open_engine(self.store_url, create=False)
+            return local_queue_consumed(
+                self._engine,
+                namespace=namespace,
+                local_queue=name,
+                at=at,
+                half_life_seconds=ledger.config.usage_half_life_ms / 1000,
+            )
+        except (StoreError, Exception) as error:  # the store is optional: start empty
+            logger.warning("event=afs_store_unavailable local_queue=%s error=%r", key, error)
+            return None
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
