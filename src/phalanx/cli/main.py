@@ -18,6 +18,7 @@ from phalanx.cli import (
     devcluster_cmd,
     operator_cmd,
     report_cmd,
+    simulate_cmd,
     store_cmd,
     validate_cmd,
 )
@@ -32,6 +33,7 @@ _COMMANDS = (
     validate_cmd,
     report_cmd,
     store_cmd,
+    simulate_cmd,
 )
 
 

@@ -1,0 +1,155 @@
+"""Two teams share one ClusterQueue: a bursty one and a quiet one, replayed through the core
+in virtual time with and without Kueue's admission fair sharing (``phalanx simulate``).
+
+The bursty team submits a burst of long multi-GPU jobs once a day; the quiet team submits a
+small job every few hours. With the ClusterQueue's plain ordering (priority, then FIFO) the
+quiet team's jobs queue behind the whole burst; with ``UsageBasedAdmissionFairSharing`` the
+quiet team's lower decayed usage puts its head first whenever GPUs free up. DRS fair sharing
+(``fairSharing.enable``) is on in both runs; it orders ClusterQueues of a cohort and has
+nothing to decide here, which is the point: between LocalQueues of one ClusterQueue only
+admission fair sharing helps.
+
+Pure: events (arrivals, finishes, sampling ticks) in a heap, one cycle per instant, usage
+sampled every ``usageSamplingInterval`` as the operator does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from dataclasses import dataclass, field
+
+from phalanx.admission.fair_usage import AdmissionFairSharing
+from phalanx.admission.model import (
+    ClusterQueue,
+    FlavorQuotas,
+    LocalQueue,
+    PodSet,
+    ResourceFlavor,
+    ResourceGroup,
+    Workload,
+)
+from phalanx.admission.scheduler import Scheduler, SchedulerConfig
+from phalanx.quotas.resources import ResourceQuota
+
+__all__ = ["TeamResult", "TwoTeams", "simulate"]
+
+GPU = "nvidia.com/gpu"
+HOUR = 3_600_000
+NAMESPACE = "research"
+
+
+@dataclass(frozen=True, slots=True)
+class TwoTeams:
+    """The scenario; every default is what docs/scheduling.md reports."""
+
+    days: int = 7
+    gpus: int = 8
+    burst_jobs: int = 20
+    """Jobs the bursty team submits at the start of each day..."""
+    burst_gpus: int = 2
+    burst_hours: float = 4.0
+    quiet_every_hours: float = 3.0
+    """...and the quiet team one job this often, from 01:00."""
+    quiet_gpus: int = 1
+    quiet_hours: float = 2.0
+    half_life_ms: int = 6 * HOUR
+    sampling_ms: int = 5 * 60_000
+
+
+@dataclass
+class TeamResult:
+    team: str
+    jobs: int = 0
+    gpu_hours: float = 0.0
+    waits_h: list[float] = field(default_factory=list)
+
+    @property
+    def mean_wait_h(self) -> float:
+        return statistics.fmean(self.waits_h) if self.waits_h else 0.0
+
+    def percentile_h(self, q: float) -> float:
+        if len(self.waits_h) < 2:
+            return self.waits_h[0] if self.waits_h else 0.0
+        return statistics.quantiles(self.waits_h, n=100, method="inclusive")[round(q * 100) - 1]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "team": self.team,
+            "jobs": self.jobs,
+            "gpu_hours": round(self.gpu_hours, 1),
+            "mean_wait_h": round(self.mean_wait_h, 2),
+            "p50_wait_h": round(self.percentile_h(0.5), 2),
+            "p95_wait_h": round(self.percentile_h(0.95), 2),
+            "max_wait_h": round(max(self.waits_h, default=0.0), 2),
+        }
+
+
+def _arrivals(s: TwoTeams) -> list[tuple[int, str, int, int]]:
+    """(time, team, gpus, runtime) of every job, in time order."""
+    jobs: list[tuple[int, str, int, int]] = []
+    for day in range(s.days):
+        start = day * 24 * HOUR
+        jobs += [(start, "bursty", s.burst_gpus, int(s.burst_hours * HOUR))] * s.burst_jobs
+    t = float(HOUR)
+    while t < s.days * 24 * HOUR:
+        jobs.append((int(t), "quiet", s.quiet_gpus, int(s.quiet_hours * HOUR)))
+        t += s.quiet_every_hours * HOUR
+    return sorted(jobs, key=lambda j: j[0])
+
+
+def simulate(scenario: TwoTeams, *, admission_fair_sharing: bool) -> dict[str, TeamResult]:
+    """Run the scenario; each team's jobs, GPU-hours and waits (admission - arrival)."""
+    afs = AdmissionFairSharing(
+        usage_half_life_ms=scenario.half_life_ms,
+        usage_sampling_interval_ms=scenario.sampling_ms,
+    )
+    s = Scheduler(
+        config=SchedulerConfig(
+            fair_sharing=True, admission_fair_sharing=afs if admission_fair_sharing else None
+        )
+    )
+    s.apply_resource_flavor(ResourceFlavor("gpu"))
+    group = ResourceGroup((GPU,), (FlavorQuotas("gpu", {GPU: ResourceQuota(scenario.gpus)}),))
+    s.apply_cluster_queue(
+        ClusterQueue("shared", resource_groups=(group,), usage_based_fair_sharing=True)
+    )
+    for team in ("bursty", "quiet"):
+        s.apply_local_queue(LocalQueue(NAMESPACE, team, "shared"))
+    s.set_namespace(NAMESPACE, {})
+
+    results = {team: TeamResult(team) for team in ("bursty", "quiet")}
+    created: dict[str, tuple[str, int, int, int]] = {}
+    # (time, kind, seq, payload): kind 0 finish, 1 arrival, 2 sample (finishes free GPUs first).
+    events: list[tuple[int, int, int, str]] = []
+    seq = 0
+    for at, team, gpus, runtime in _arrivals(scenario):
+        seq += 1
+        name = f"{team}-{seq}"
+        created[f"{NAMESPACE}/{name}"] = (team, at, gpus, runtime)
+        heapq.heappush(events, (at, 1, seq, name))
+    end = scenario.days * 24 * HOUR
+    for tick in range(0, end, scenario.sampling_ms):
+        seq += 1
+        heapq.heappush(events, (tick, 2, seq, ""))
+    while events:
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, kind, _, payload = heapq.heappop(events)
+            if kind == 0:
+                s.finish_workload(payload)
+            elif kind == 1:
+                team, at, gpus, _ = created[f"{NAMESPACE}/{payload}"]
+                pod = PodSet("main", 1, {GPU: gpus})
+                s.add_workload(Workload(NAMESPACE, payload, team, (pod,), creation_time=at))
+            else:
+                s.sample_fair_usage(now, every=scenario.sampling_ms)
+        for admit in s.run_cycle(now).admitted:
+            team, at, gpus, runtime = created[admit.workload]
+            result = results[team]
+            result.jobs += 1
+            result.gpu_hours += gpus * runtime / HOUR
+            result.waits_h.append((now - at) / HOUR)
+            seq += 1
+            heapq.heappush(events, (now + runtime, 0, seq, admit.workload))
+    return results
