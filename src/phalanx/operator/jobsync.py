@@ -553,6 +553,12 @@ def _owner_job_key(workload: dict[str, Any]) -> str | None:
 
 
 def _template_injected(job: dict[str, Any]) -> bool:
+    """Whether the Job's template carries an admission that must be taken back: the marks a
+    start writes, Phalanx's ``kueue.x-k8s.io/workload`` annotation or the
+    ``kueue.x-k8s.io/podset`` label (Kueue writes the label at every start and the annotation
+    only with TAS, so a Job Kueue started before a move to Phalanx has at least the label)."""
     template = (job.get("spec") or {}).get("template") or {}
-    annotations = (template.get("metadata") or {}).get("annotations") or {}
-    return jobs.WORKLOAD_ANNOTATION in annotations
+    metadata = template.get("metadata") or {}
+    return jobs.WORKLOAD_ANNOTATION in (metadata.get("annotations") or {}) or (
+        jobs.PODSET_LABEL in (metadata.get("labels") or {})
+    )

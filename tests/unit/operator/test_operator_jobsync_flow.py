@@ -317,6 +317,32 @@ def test_a_preempted_job_is_restored_once_the_job_controller_suspended_it() -> N
     asyncio.run(main())
 
 
+def test_a_job_kueue_started_is_restored_when_phalanx_preempts_it() -> None:
+    # Kueue marks a started template with the kueue.x-k8s.io/podset label, and adds the
+    # kueue.x-k8s.io/workload annotation only with TAS: after a move from Kueue, a Job it
+    # started carries the label alone, and its admission must still be taken back.
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        h.admit()
+        await h.reconcile()
+        job = h.api.job()
+        del job["spec"]["template"]["metadata"]["annotations"]["kueue.x-k8s.io/workload"]
+        assert job["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "main"
+        h.state.apply("Job", "MODIFIED", h.api._bump(job))
+        h.job_controller_writes(startTime=START, active=2)
+        h.evict()
+        await h.reconcile()
+        h.job_controller_writes(active=0, conditions=[SUSPENDED])
+        await h.reconcile()  # startTime cleared
+        await h.reconcile()
+        restored = h.api.job()["spec"]["template"]
+        assert not restored["spec"].get("nodeSelector")
+        assert "kueue.x-k8s.io/podset" not in (restored["metadata"].get("labels") or {})
+
+    asyncio.run(main())
+
+
 def test_a_job_that_ran_before_it_was_queued_starts_on_admission() -> None:
     async def main() -> None:
         h = Harness()
