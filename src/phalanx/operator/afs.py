@@ -9,13 +9,17 @@ cycles, the leader
   from ``now``: the time the operator was down does not decay it); when the status has none
   (a LocalQueue migrated from a Kueue without admission fair sharing, or a status lost) and
   the usage history store is configured, it rebuilds the usage from the store's reservations
-  of that LocalQueue (``phalanx.store.decay``; one query per such LocalQueue, once per leader);
+  of that LocalQueue (``phalanx.store.decay``). Those queries run once per leader, before its
+  first cycle, in a worker thread and within :data:`STORE_REBUILD_SECONDS` (:meth:`prefetch`):
+  a slow or unreachable database delays the first cycle by at most that, never blocks the
+  event loop (liveness, webhooks), and a LocalQueue it did not answer for starts empty;
 - samples each LocalQueue every ``usageSamplingInterval``; ``queuestatus`` writes the sampled
   value to the LocalQueue's status (only the leader runs this, so only the leader writes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 from collections.abc import Mapping
@@ -29,6 +33,8 @@ from phalanx.quotas.quantity import QuantityError, format_quantity, parse_quanti
 __all__ = ["FairUsageKeeper", "consumed_from_status", "status_of"]
 
 logger = logging.getLogger(__name__)
+
+STORE_REBUILD_SECONDS = 30.0
 
 
 def consumed_from_status(lq: Mapping[str, Any]) -> dict[str, float] | None:
@@ -71,6 +77,42 @@ class FairUsageKeeper:
         self.state = state
         self.store_url = store_url
         self._engine: Any = None
+        self._rebuilt: dict[str, dict[str, float]] = {}
+        """LocalQueue key -> usage rebuilt from the store by :meth:`prefetch`, until used."""
+
+    async def prefetch(self, now_ms: int, *, timeout: float = STORE_REBUILD_SECONDS) -> None:
+        """Rebuild from the store, in a worker thread, the usage of every LocalQueue whose
+        status has none; :meth:`sync` uses the results. Bounded by ``timeout``: what is not
+        answered by then starts empty (a thread cannot be cancelled; its late answer is
+        dropped)."""
+        if self.scheduler.fair_usage is None or not self.store_url:
+            return
+        keys = [
+            key
+            for key, obj in self.state.objects["LocalQueue"].items()
+            if consumed_from_status(obj) is None
+        ]
+        if not keys:
+            return
+
+        def rebuild() -> dict[str, dict[str, float]]:
+            found: dict[str, dict[str, float]] = {}
+            for key in keys:
+                consumed = self._from_store(key, now_ms)
+                if consumed is None:
+                    break  # the store is unavailable: it said so once
+                if any(consumed.values()):
+                    found[key] = consumed
+            return found
+
+        try:
+            self._rebuilt = await asyncio.wait_for(asyncio.to_thread(rebuild), timeout=timeout)
+        except TimeoutError:
+            logger.warning(
+                "event=afs_store_rebuild_timeout local_queues=%d timeout_s=%.0f action=start_empty",
+                len(keys),
+                timeout,
+            )
 
     def sync(self, now_ms: int) -> None:
         """Restore what is missing, then sample what is due."""
@@ -86,8 +128,8 @@ class FairUsageKeeper:
         obj = self.state.get("LocalQueue", key)
         consumed = consumed_from_status(obj) if obj is not None else None
         source = "status"
-        if consumed is None and self.store_url:
-            consumed = self._from_store(key, now_ms)
+        if consumed is None:
+            consumed = self._rebuilt.pop(key, None)
             source = "store"
         if consumed is None:
             return  # the first sample starts it empty, now

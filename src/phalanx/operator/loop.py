@@ -121,6 +121,10 @@ class SchedulingLoop:
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.ready = asyncio.Event()
+        self.idle = asyncio.Event()
+        """Set while no cycle runs: the core may then be read on the event loop (the visibility
+        API reads the queues' order so)."""
+        self.idle.set()
         self.cycles = 0
         self.tick_seconds = 2.0
         self.on_cycle: list[Callable[[CycleResult], None]] = []
@@ -150,6 +154,7 @@ class SchedulingLoop:
     async def run(self) -> None:
         if self._wait_synced is not None:
             await self._wait_synced()
+        await self.fair_usage.prefetch(now_ms())
         first = self._sync()
         logger.info(
             "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
@@ -244,7 +249,11 @@ class SchedulingLoop:
     async def _cycle(self) -> None:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        result = await loop.run_in_executor(None, self.scheduler.run_cycle, now_ms())
+        self.idle.clear()
+        try:
+            result = await loop.run_in_executor(None, self.scheduler.run_cycle, now_ms())
+        finally:
+            self.idle.set()
         elapsed = time.perf_counter() - started
         self.cycles += 1
         self.metrics.cycle_duration.observe(elapsed)

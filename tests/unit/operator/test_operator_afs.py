@@ -5,8 +5,11 @@ the status has none, sampled and written back as Kueue's ``admissionFairSharingS
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +198,7 @@ def test_a_new_leader_restores_from_status_then_store_then_empty(tmp_path: Path)
 
     s = _scheduler()
     keeper = FairUsageKeeper(s, state, store_url=url)
+    asyncio.run(keeper.prefetch(now_ms))  # before the first cycle, in a worker thread
     keeper.sync(now_ms)
     keeper.close()
     assert s.fair_usage is not None
@@ -211,6 +215,47 @@ def test_a_new_leader_restores_from_status_then_store_then_empty(tmp_path: Path)
     assert plain.fair_usage is not None
     fresh = plain.fair_usage.get("team-a/lq-b")
     assert fresh is not None and fresh.consumed == {} and fresh.reported_at == now_ms
+
+
+def test_a_store_that_does_not_answer_delays_the_first_cycle_only_by_the_bound() -> None:
+    """The rebuild runs in a worker thread within a time bound: the event loop stays free
+    (liveness, webhooks) and a LocalQueue the store did not answer for starts empty."""
+    state = ClusterState()
+    state.apply("LocalQueue", "ADDED", _lq("lq-b"))
+    s = _scheduler()
+    keeper = FairUsageKeeper(s, state, store_url="postgresql+psycopg://nobody@10.255.255.1/x")
+    release = threading.Event()
+
+    def hanging(key: str, now_ms: int) -> dict[str, float] | None:
+        release.wait(10)
+        return {GPU: 9.0}
+
+    keeper._from_store = hanging  # type: ignore[method-assign]
+
+    async def main() -> float:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        started = time.monotonic()
+        await keeper.prefetch(0, timeout=0.3)
+        waited = time.monotonic() - started
+        task.cancel()
+        release.set()  # let the worker thread end (asyncio.run waits for it on exit)
+        assert ticks >= 10, "the event loop kept running while the store hung"
+        return waited
+
+    waited = asyncio.run(main())
+    assert waited < 2.0
+    keeper.sync(0)
+    assert s.fair_usage is not None
+    fresh = s.fair_usage.get("team-a/lq-b")
+    assert fresh is not None and fresh.consumed == {}
 
 
 def test_sampling_waits_for_the_interval() -> None:
