@@ -127,6 +127,20 @@ def register(subparsers: Any) -> None:
         help="reuse a scrape token's review for this long (30)",
     )
     parser.add_argument(
+        "--visibility-port",
+        type=int,
+        default=0,
+        help="port of Kueue's visibility API (visibility.kueue.x-k8s.io/v1beta2, aggregated "
+        "behind an APIService; HTTPS, callers authenticated by the API server's front-proxy "
+        "certificate); 0: off (off; the manifests use Kueue's 8082)",
+    )
+    parser.add_argument(
+        "--visibility-listen",
+        metavar="ADDRESS",
+        default="0.0.0.0",
+        help="address of the visibility API server (0.0.0.0)",
+    )
+    parser.add_argument(
         "--health-probe-port",
         "--liveness-port",
         dest="liveness_port",
@@ -327,6 +341,8 @@ def run(args: argparse.Namespace) -> int:
         metrics_secure=args.metrics_secure,
         metrics_cert_dir=args.metrics_cert_dir,
         metrics_auth_ttl=args.metrics_auth_cache_seconds,
+        visibility_port=args.visibility_port or None,
+        visibility_addr=args.visibility_listen,
         liveness_port=args.liveness_port or None,
         health_addr=args.health_probe_listen,
         cert_check_seconds=args.cert_check_seconds,

@@ -67,6 +67,10 @@ class OperatorConfig:
     webhook's certificate folder."""
     metrics_auth_ttl: float = 30.0
     """How long a scrape token's review is reused (a refusal: a third of it, at most 10 s)."""
+    visibility_port: int | None = None
+    """Kueue's visibility API (``visibility.kueue.x-k8s.io``, an aggregated API behind the
+    APIService) over HTTPS on this port; None: not served."""
+    visibility_addr: str = "0.0.0.0"
     liveness_port: int | None = None
     """The probes' port (``/healthz``, ``/readyz``), plain HTTP."""
     health_addr: str = "0.0.0.0"

@@ -107,6 +107,13 @@ class Metrics:
             ["cohort", "cluster_queue", "flavor", "resource"],
             registry=r,
         )
+        self.pending_by_reason = Gauge(
+            "phalanx_pending_workloads",
+            "Pending workloads per 'cluster_queue' and the 'reason' of their explanation "
+            "(empty cluster_queue: the workload reaches none)",
+            ["cluster_queue", "reason"],
+            registry=r,
+        )
         self.cycle_duration = Histogram(
             "phalanx_scheduling_cycle_duration_seconds",
             "Wall time of one scheduling cycle of the core (decisions only, no API writes)",

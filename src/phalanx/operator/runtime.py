@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from phalanx.operator import kubeconfig
+from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.history import HistoryRecorder
@@ -39,10 +40,13 @@ from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.provisioning import ProvisioningController
 from phalanx.operator.queuestatus import QueueStatus
-from phalanx.operator.serving import Endpoints
+from phalanx.operator.serving import Endpoints, metrics_cert_folder
 from phalanx.operator.state import ClusterState
 from phalanx.operator.ungate import GateRemover
 from phalanx.operator.validation import validate_object
+from phalanx.operator.visibility import GROUP as VISIBILITY_GROUP
+from phalanx.operator.visibility import VERSION as VISIBILITY_VERSION
+from phalanx.operator.visibility import NotServing, PendingReasons, VisibilityServer
 from phalanx.operator.writer import StatusWriter
 
 __all__ = [
@@ -182,6 +186,7 @@ class PhalanxOperator:
         self.metrics = Metrics()
         self.api: KubeApi | None = None
         self.endpoints: Endpoints | None = None
+        self.visibility: VisibilityServer | None = None
         self.informers: list[Informer] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._components: list[Any] = []
@@ -332,7 +337,11 @@ class PhalanxOperator:
         self.loop.on_cycle.append(
             lambda _result: self.queue_status.snapshot(loop.scheduler, loop.bridge.invalid_admin)
         )
+        self.pending_reasons = PendingReasons(self.metrics.pending_by_reason)
+        self.loop.on_cycle.append(lambda _result: self.pending_reasons.after_cycle(loop.scheduler))
         self.loop.on_cycle.append(lambda _result: self.heartbeat.beat())
+        if self.config.visibility_port:
+            await self._serve_visibility()
         # The usage history store: only the leader's components start, so only it writes.
         self.history = (
             HistoryRecorder(
@@ -379,6 +388,45 @@ class PhalanxOperator:
             "event=operator_started server=%s namespaces=%s",
             self.auth.server,
             ",".join(self.config.namespaces) or "*",
+        )
+
+    async def _serve_visibility(self) -> None:
+        """Kueue's visibility API, answered from this replica's live queues between cycles;
+        503 until its scheduling loop has synced (a standby never does)."""
+        assert self.api is not None
+        loop = self.loop
+
+        async def read(fn: Any) -> Any:
+            if not loop.ready.is_set():
+                raise NotServing(
+                    "this replica does not schedule (standby, or not synced yet); retry"
+                )
+            while not loop.idle.is_set():
+                await loop.idle.wait()
+            return fn(loop.scheduler, self.state.objects["Workload"])
+
+        folder = metrics_cert_folder(self.config)
+        if not (folder / "tls.crt").exists() or not (folder / "tls.key").exists():
+            ensure_webhook_certs(folder, hosts=["localhost", "127.0.0.1"])
+        self.visibility = VisibilityServer(
+            api=self.api,
+            reader=read,
+            listen=self.config.visibility_addr,
+            port=int(self.config.visibility_port or 0),
+            cert_folder=folder,
+        )
+        await self.visibility.start()
+        self.spawn(self.visibility.keep_front_proxy(), name="phalanx-visibility-front-proxy")
+        self.spawn(
+            self.visibility.cert.watch(interval=self.config.cert_check_seconds),
+            name="phalanx-visibility-cert-reload",
+        )
+        logger.info(
+            "event=visibility_serving address=https://%s:%d/apis/%s/%s",
+            self.config.visibility_addr,
+            self.config.visibility_port,
+            VISIBILITY_GROUP,
+            VISIBILITY_VERSION,
         )
 
     def _start_scheduling(self) -> None:
@@ -468,6 +516,9 @@ class PhalanxOperator:
         if self.endpoints is not None:
             with contextlib.suppress(Exception):
                 await self.endpoints.stop()
+        if self.visibility is not None:
+            with contextlib.suppress(Exception):
+                await self.visibility.stop()
         if self.api is not None:
             await self.api.close()
         logger.info("event=operator_stopped fatal=%r", self.fatal)
