@@ -2,21 +2,31 @@
 
 Synthetic Workloads over the last 30 days, each with the four transitions of a plain run
 (created, quota reserved, admitted, finished) and the GPUs and CPU its reservation held;
-a tenth are preempted once and admitted again. Rows are inserted in bulk with explicit ids.
+a tenth are preempted once and admitted again. Rows are inserted in bulk with explicit ids,
+then the reservation intervals are computed from them in one pass (what the migration that
+introduced them does to an existing store; the operator's writes maintain them as they go).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert
+from sqlalchemy import Engine, delete, insert, text
 
-from phalanx.store import report
-from phalanx.store.models import EventResource, WorkloadEvent
+from phalanx.store import db, report
+from phalanx.store.models import (
+    EventResource,
+    Reservation,
+    ReservationPreemption,
+    ReservationResource,
+    WorkloadEvent,
+)
 
 __all__ = ["StoreBenchResult", "fill", "measure"]
 
@@ -29,7 +39,8 @@ class StoreBenchResult:
 
 
 def fill(engine: Engine, *, rows: int, seed: int = 1, chunk: int = 20_000) -> tuple[int, float]:
-    """Replace the store's contents with about ``rows`` lifecycle rows; return (rows, seconds)."""
+    """Replace the store's contents with about ``rows`` lifecycle rows and their reservation
+    intervals; return (rows, seconds)."""
     rng = random.Random(seed)
     started = time.perf_counter()
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
@@ -38,8 +49,14 @@ def fill(engine: Engine, *, rows: int, seed: int = 1, chunk: int = 20_000) -> tu
     written = 0
     next_id = 1
     with engine.begin() as connection:
-        connection.execute(delete(EventResource))
-        connection.execute(delete(WorkloadEvent))
+        for table in (
+            ReservationPreemption,
+            ReservationResource,
+            Reservation,
+            EventResource,
+            WorkloadEvent,
+        ):
+            connection.execute(delete(table))
 
     def flush() -> None:
         nonlocal written
@@ -94,16 +111,60 @@ def fill(engine: Engine, *, rows: int, seed: int = 1, chunk: int = 20_000) -> tu
         if len(events) >= chunk:
             flush()
     flush()
+    with engine.begin() as connection:
+        db.rebuild_reservations(connection)
     return written, time.perf_counter() - started
 
 
-def measure(engine: Engine, *, since_days: float = 30) -> dict[str, float]:
-    """Seconds ``report usage --since {since_days}d`` takes for each grouping."""
+def measure(
+    engine: Engine, *, since_days: float = 30, cpu: dict[str, float] | None = None
+) -> dict[str, float]:
+    """Seconds ``report usage --since {since_days}d`` takes for each grouping. With ``cpu``,
+    also the CPU seconds each took: this process's, plus on a PostgreSQL server on this
+    machine whose processes it may read, the server's (every child of the postmaster, the
+    parallel workers that exited included)."""
     until = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     since = until - dt.timedelta(days=since_days)
     took: dict[str, float] = {}
     for by in report.GROUPINGS:
-        started = time.perf_counter()
+        server = _server_cpu(engine)
+        started, own = time.perf_counter(), time.process_time()
         report.usage(engine, since=since, until=until, by=by)
         took[by] = round(time.perf_counter() - started, 3)
+        if cpu is not None:
+            used = time.process_time() - own
+            after = _server_cpu(engine)
+            if server is not None and after is not None:
+                used += after - server
+            cpu[by] = round(used, 3)
     return took
+
+
+def _server_cpu(engine: Engine) -> float | None:
+    """User + system CPU seconds of a local PostgreSQL server so far, None if not readable."""
+    if engine.dialect.name != "postgresql":
+        return None
+    with engine.connect() as connection:
+        backend = int(connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        postmaster = int(_stat(backend)[3])
+        total = sum(int(v) for v in _stat(postmaster)[15:17])  # children reaped: cutime, cstime
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = _stat(int(entry.name))
+                except OSError:
+                    continue
+                if int(fields[3]) == postmaster:
+                    total += int(fields[13]) + int(fields[14])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / tick
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields (0-based as proc(5) numbers them from 1), the command name
+    (which may hold spaces) left out."""
+    text_ = Path(f"/proc/{pid}/stat").read_text()
+    return [text_[: text_.index(" ")], "comm", *text_[text_.rindex(")") + 2 :].split()]

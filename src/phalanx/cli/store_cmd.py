@@ -75,6 +75,8 @@ def _bench(engine: Any, *, rows: int, reuse: bool) -> int:
     if not reuse:
         written, seconds = store_rows.fill(engine, rows=rows)
         result |= {"rows": written, "fill_seconds": round(seconds, 1)}
-    result["report_usage_since_30d_seconds"] = store_rows.measure(engine)
+    cpu: dict[str, float] = {}
+    result["report_usage_since_30d_seconds"] = store_rows.measure(engine, cpu=cpu)
+    result["report_usage_cpu_seconds"] = cpu
     print(json.dumps(result))
     return 0

@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, select, tuple_
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    insert,
+    inspect,
+    select,
+    text,
+    tuple_,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from phalanx.store import intervals
 from phalanx.store.events import Event
-from phalanx.store.models import EventResource, WorkloadEvent
+from phalanx.store.models import (
+    EventResource,
+    Reservation,
+    ReservationPreemption,
+    ReservationResource,
+    WorkloadEvent,
+)
 
 __all__ = [
     "DEFAULT_PATH",
@@ -26,6 +46,7 @@ __all__ = [
     "downgrade",
     "head_revision",
     "open_engine",
+    "rebuild_reservations",
     "upgrade",
     "write_events",
 ]
@@ -35,6 +56,7 @@ DEFAULT_PATH = Path("~/.local/state/phalanx/store.db")
 cluster, point it at a volume (or a PostgreSQL URL)."""
 
 STORE_ENV = "PHALANX_STORE"
+_T = TypeVar("_T")
 
 
 class StoreError(Exception):
@@ -100,6 +122,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    _WITH_INTERVALS.discard(engine)
     command.downgrade(_alembic_config(engine), revision)
 
 
@@ -118,6 +141,11 @@ def current_revision(engine: Engine) -> str | None:
 
 def write_events(engine: Engine, events: Sequence[Event]) -> int:
     """Insert the events not yet stored, in one transaction; return how many were new.
+
+    In the same transaction, the reservation intervals of every Workload that got a new event
+    are computed again from all of its stored events (:mod:`phalanx.store.intervals`): a
+    replay changes nothing, and events arriving late or out of order leave the same intervals
+    as one write of everything.
 
     Existing keys are read first; a concurrent writer (an old leader still flushing) that
     inserts the same key in between makes the batch fail on the unique key, and it is then
@@ -151,8 +179,70 @@ def _insert_missing(session: Session, events: Sequence[Event]) -> int:
         )
         present.update((uid, transition, at) for uid, transition, at in rows)
     new = [e for e in events if e.key not in present]
+    if not new:
+        return 0
     session.add_all(_row(e) for e in new)
+    session.flush()  # ids decide ties in time: the intervals need them
+    if _has_intervals(session):
+        rebuild_reservations(session.connection(), {e.uid for e in new})
     return len(new)
+
+
+_WITH_INTERVALS: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _has_intervals(session: Session) -> bool:
+    """Whether the store is at revision 0003 or later (a store at an older revision takes
+    events without intervals; upgrading fills them from the events)."""
+    engine = session.get_bind()
+    assert isinstance(engine, Engine)
+    if engine in _WITH_INTERVALS:
+        return True
+    if inspect(session.connection()).has_table(Reservation.__tablename__):
+        _WITH_INTERVALS.add(engine)
+        return True
+    return False
+
+
+_RESERVATION_LOCK = 0x70686C78  # "phlx": one writer at a time rebuilds intervals (PostgreSQL)
+
+
+def rebuild_reservations(connection: Connection, uids: Collection[str] | None = None) -> int:
+    """Replace the reservation intervals of ``uids`` (else of every Workload) with those their
+    stored events give, in the caller's transaction; return how many there are now.
+
+    On PostgreSQL a transaction-scoped advisory lock is taken first: two writers adding
+    events of one Workload concurrently each read the other's only once it has committed,
+    and the one that rebuilds last sees both (SQLite lets one writer in at a time anyway)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _RESERVATION_LOCK})
+    found: list[intervals.Interval] = []
+    for history in intervals.read_histories(connection, uids):
+        found.extend(intervals.pair(history))
+    targets = None if uids is None else sorted(uids)
+    for chunk in [None] if targets is None else _chunks(targets, 500):
+        owned = select(Reservation.id)
+        if chunk is not None:
+            owned = owned.where(Reservation.uid.in_(chunk))
+        connection.execute(
+            delete(ReservationResource).where(ReservationResource.reservation_id.in_(owned))
+        )
+        connection.execute(
+            delete(ReservationPreemption).where(ReservationPreemption.reservation_id.in_(owned))
+        )
+        removed = delete(Reservation)
+        if chunk is not None:
+            removed = removed.where(Reservation.uid.in_(chunk))
+        connection.execute(removed)
+    rows, held, preempted = intervals.table_rows(found)
+    for table, values in (
+        (Reservation, rows),
+        (ReservationResource, held),
+        (ReservationPreemption, preempted),
+    ):
+        for start in range(0, len(values), 5_000):
+            connection.execute(insert(table), values[start : start + 5_000])
+    return len(rows)
 
 
 def _row(event: Event) -> WorkloadEvent:
@@ -176,6 +266,6 @@ def _row(event: Event) -> WorkloadEvent:
     )
 
 
-def _chunks(items: Sequence[Event], size: int) -> Iterable[Sequence[Event]]:
+def _chunks(items: Sequence[_T], size: int) -> Iterable[Sequence[_T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]

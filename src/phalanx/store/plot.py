@@ -2,8 +2,9 @@
 
 Two panels, readable at a glance: the chosen resource's hours per group over the window, as
 stacked bars per time bucket (an hour for windows up to two days, else a day; at most 90
-buckets), and each group's wait p50 and p95. Each bucket is the same report as the table's,
-over that bucket (:func:`phalanx.store.report.usage`), so the bars add up to the table.
+buckets), and each group's wait p50 and p95. Each bucket is what the table's report gives over
+that bucket (:func:`phalanx.store.report.resource_seconds_per_bucket`, one query for all
+buckets), so the bars add up to the table.
 
 matplotlib is an optional dependency (``pip install 'phalanx[plot]'``); without it ``--plot``
 says so and the table still works.
@@ -93,10 +94,14 @@ def series(
         start += width
     groups = [row.group for row in totals]
     hours: dict[str, list[float]] = {g: [0.0] * len(starts) for g in groups}
-    for index, begin in enumerate(starts):
-        for row in report.usage(engine, since=begin, until=min(begin + width, until), by=by):
-            values = hours.setdefault(row.group, [0.0] * len(starts))
-            values[index] = row.resource_hours().get(chosen, 0.0)
+    per_bucket = report.resource_seconds_per_bucket(
+        engine, since=since, until=until, width=width, by=by
+    )
+    per_unit = 3600 * report.resource_unit(chosen)[1]
+    for group, buckets in per_bucket.items():
+        values = hours.setdefault(group, [0.0] * len(starts))
+        for index, held in enumerate(buckets):
+            values[index] = held.get(chosen, 0.0) / per_unit
     return Series(
         resource=chosen,
         by=by,

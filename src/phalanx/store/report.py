@@ -1,8 +1,9 @@
 """Reports read from the store: usage per group over a window, and one Workload's timeline.
 
-Usage pairs each quota reservation with the transition that ended it (quota released,
-finished, deleted; a later reservation of the same Workload ends it at the eviction before it,
-or at itself), clips it to the window and multiplies by what the reservation held. A
+Usage reads each quota reservation as the interval the writer stored for it
+(:mod:`phalanx.store.intervals`: paired with the transition that ended it — quota released,
+finished, deleted; a later reservation of the same Workload ends it at the eviction before
+it, or at itself), clips it to the window and multiplies by what the reservation held. A
 reservation still open is counted up to the end of the window.
 """
 
@@ -14,25 +15,23 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, bindparam, select, text
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
-from phalanx.store import events as ev
+from phalanx.store import intervals
 from phalanx.store.models import WorkloadEvent
 
 __all__ = [
     "GROUPINGS",
     "TimelineEntry",
     "UsageRow",
+    "resource_seconds_per_bucket",
     "resource_unit",
     "timeline",
     "usage",
 ]
 
 GROUPINGS = ("namespace", "localqueue", "clusterqueue", "flavor")
-
-_ENDS = (ev.QUOTA_RELEASED, ev.FINISHED, ev.DELETED)
-_CLOSED = (ev.FINISHED, ev.DELETED)
 
 
 @dataclass
@@ -71,14 +70,13 @@ def resource_unit(resource: str) -> tuple[str, int]:
 def usage(engine: Engine, *, since: dt.datetime, until: dt.datetime, by: str) -> list[UsageRow]:
     """Usage per group (see :data:`GROUPINGS`) in ``[since, until)`` (naive UTC).
 
-    The pairing is done in SQL (see :func:`_reservations`); the groups' sums are taken there
-    too, and only the per-admission waits (one integer of microseconds per admission, in
-    Workload and time order) are fetched. Resource-seconds equal the Python pairing's up to
-    the order floating-point terms are summed in."""
+    Reads the reservation intervals (:mod:`phalanx.store.intervals`) that overlap the window
+    and sums overlap x amount per group and resource in SQL; admissions and their waits (one
+    integer of microseconds each, in Workload and time order) from the reservations that
+    start in the window; preemptions from those in it."""
     if by not in GROUPINGS:
         raise ValueError(f"--by {by!r}: use one of {', '.join(GROUPINGS)}")
-    dialect = engine.dialect.name
-    params = {"since": since, "until": until}
+    params = {"since": intervals.micros(since), "until": intervals.micros(until)}
     groups: dict[str, UsageRow] = {}
 
     def row(key: str) -> UsageRow:
@@ -88,202 +86,194 @@ def usage(engine: Engine, *, since: dt.datetime, until: dt.datetime, by: str) ->
         return found
 
     with engine.connect() as connection:
-        if dialect == "postgresql":
-            # The pass sorts what the index does not; keep it in memory.
-            connection.exec_driver_sql("SET LOCAL work_mem = '256MB'")
-        result = connection.execute(_usage_statement(dialect, by), params)
-        for kind, key, resource, value in result:
-            if kind == 0:
-                row(key).resource_seconds[resource] += float(value)
-            elif kind == 1:
-                row(key).admissions += 1
-                row(key).waits.append(int(value) / 1e6)
-            else:
-                row(key).preemptions += int(value)
+        for key, resource, value in connection.execute(_held_statement(by), params):
+            row(key).resource_seconds[resource] += float(value)
+        for key, wait in connection.execute(_admitted_statement(by), params):
+            found = row(key)
+            found.admissions += 1
+            found.waits.append(int(wait) / 1e6)
+        for key, count in connection.execute(_preempted_statement(by), params):
+            row(key).preemptions += int(count)
         connection.rollback()
     return [groups[k] for k in sorted(groups)]
 
 
-_QR = f"'{ev.QUOTA_RESERVED}'"
-_ENDS_SQL = ", ".join(f"'{t}'" for t in _ENDS)
-_CLOSED_SQL = ", ".join(f"'{t}'" for t in _CLOSED)
+def resource_seconds_per_bucket(
+    engine: Engine, *, since: dt.datetime, until: dt.datetime, width: dt.timedelta, by: str
+) -> dict[str, list[dict[str, float]]]:
+    """Group -> per bucket (``[since + i x width, since + (i + 1) x width)``, the last one
+    ending at ``until``) -> resource -> base units x seconds: what :func:`usage` over each
+    bucket gives as ``resource_seconds`` (up to the order floating-point terms are added in),
+    in one query. A group is listed if it held something in some bucket.
 
-
-def _micros(dialect: str, column: str) -> str:
-    """``column`` (a naive UTC time) as integer microseconds since the epoch, exactly."""
-    if dialect == "sqlite":
-        # SQLAlchemy stores 'YYYY-MM-DD HH:MM:SS.ffffff'.
-        return (
-            f"(CAST(strftime('%s', {column}) AS INTEGER) * 1000000"
-            f" + CAST(substr({column}, 21, 6) AS INTEGER))"
-        )
-    return f"CAST(EXTRACT(EPOCH FROM {column}) * 1000000 AS BIGINT)"
-
-
-def _after(a: str, b: str) -> str:
-    """Event ``a`` comes after event ``b`` in a Workload's ``(at, id)`` order."""
-    return f"({a}.at > {b}.at OR ({a}.at = {b}.at AND {a}.id > {b}.id))"
-
-
-def _reservations() -> str:
-    """CTEs ending in ``res``: one row per quota reservation of the Workloads the report
-    reads (``uid``, ``r_id``, its start ``r_at``, its end ``end_at`` not yet clipped at
-    ``since``, when the Workload was queued before it ``queued_at``), and ``mixed``: the
-    Workloads whose preemptions need counting.
-
-    The rules, per Workload in ``(at, id)`` order over its events before ``until``: each
-    ``quota_reserved`` opens a reservation; the first ``quota_released``/``finished``/
-    ``deleted`` after it closes it; if another reservation comes first, that one closes it at
-    the last eviction in between, or at itself; one still open closes at ``until``. The
-    Workload was queued at its creation (its first event without one) before its first
-    reservation, and at the previous one's end after. Workloads whose events all precede
-    ``since`` and that finished or were deleted are left out.
-
-    One grouped pass per Workload (``per_uid``, in the order of the unique key's ``(uid,
-    transition, at)`` index, which covers it) settles the Workloads with one reservation, no
-    end before it and no preemption: most of them. The others (``mixed``) are paired with
-    window functions over their own events: ``rq`` numbers the reservation each event
-    follows, each segment gives its first end and last eviction, and LEAD/LAG give the next
-    reservation and the previous one's end."""
-    return f"""
-WITH per_uid AS (
-  SELECT uid,
-    SUM(CASE WHEN transition = {_QR} THEN 1 ELSE 0 END) AS reservations,
-    MIN(CASE WHEN transition = {_QR} THEN id END) AS r_id,
-    MIN(CASE WHEN transition = {_QR} THEN at END) AS r_at,
-    MIN(CASE WHEN transition IN ({_ENDS_SQL}) THEN at END) AS ended_at,
-    SUM(CASE WHEN transition = '{ev.PREEMPTED}' THEN 1 ELSE 0 END) AS preempted,
-    MIN(CASE WHEN transition = '{ev.CREATED}' THEN at END) AS created_at,
-    MIN(at) AS first_at
-  FROM workload_events
-  WHERE at < :until
-  GROUP BY uid
-),
-relevant AS (
-  SELECT uid, reservations, r_id, r_at, ended_at, preempted,
-    COALESCE(created_at, first_at) AS created_at,
-    CASE WHEN reservations = 1 AND preempted = 0 AND (ended_at IS NULL OR ended_at > r_at)
-      THEN 1 ELSE 0 END AS simple
-  FROM per_uid
-  WHERE reservations > 0
-    AND (r_at >= :since
-         OR EXISTS (SELECT 1 FROM workload_events x WHERE x.uid = per_uid.uid AND x.at >= :since)
-         OR NOT EXISTS (SELECT 1 FROM workload_events x
-                        WHERE x.uid = per_uid.uid AND x.transition IN ({_CLOSED_SQL})))
-),
-mixed AS (
-  SELECT uid, created_at, preempted FROM relevant WHERE simple = 0
-),
-ordered AS (
-  SELECT e.id, e.uid, e.transition, e.at,
-    SUM(CASE WHEN e.transition = {_QR} THEN 1 ELSE 0 END)
-      OVER (PARTITION BY e.uid ORDER BY e.at, e.id ROWS UNBOUNDED PRECEDING) AS rq
-  FROM workload_events e
-  WHERE e.uid IN (SELECT uid FROM mixed) AND e.at < :until
-    AND e.transition IN ({_QR}, {_ENDS_SQL}, '{ev.EVICTED}')
-),
-segments AS (
-  SELECT uid, rq,
-    MIN(CASE WHEN transition = {_QR} THEN id END) AS r_id,
-    MIN(CASE WHEN transition = {_QR} THEN at END) AS r_at,
-    MIN(CASE WHEN transition IN ({_ENDS_SQL}) THEN at END) AS ended_at,
-    MAX(CASE WHEN transition = '{ev.EVICTED}' THEN at END) AS evicted_at
-  FROM ordered
-  WHERE rq > 0
-  GROUP BY uid, rq
-),
-paired AS (
-  SELECT s.uid, s.rq, s.r_id, s.r_at, s.ended_at, s.evicted_at, m.created_at,
-    LEAD(s.r_at) OVER (PARTITION BY s.uid ORDER BY s.rq) AS next_at,
-    LAG(s.ended_at) OVER (PARTITION BY s.uid ORDER BY s.rq) AS prev_ended_at,
-    LAG(s.evicted_at) OVER (PARTITION BY s.uid ORDER BY s.rq) AS prev_evicted_at
-  FROM segments s JOIN mixed m ON m.uid = s.uid
-),
-res AS (
-  SELECT uid, r_id, r_at, COALESCE(ended_at, :until) AS end_at, created_at AS queued_at
-  FROM relevant WHERE simple = 1
-  UNION ALL
-  SELECT uid, r_id, r_at,
-    COALESCE(ended_at, CASE WHEN next_at IS NOT NULL THEN COALESCE(evicted_at, next_at) END,
-             :until) AS end_at,
-    CASE WHEN rq = 1 THEN created_at
-         ELSE COALESCE(prev_ended_at, prev_evicted_at, r_at) END AS queued_at
-  FROM paired
-),
-preempted AS (
-  SELECT p.uid, p.at, p.id,
-    (SELECT q.id FROM workload_events q
-     WHERE q.uid = p.uid AND q.transition = {_QR} AND q.at <= p.at AND {_after("p", "q")}
-     ORDER BY q.at DESC, q.id DESC LIMIT 1) AS r_id
-  FROM workload_events p
-  WHERE p.uid IN (SELECT uid FROM mixed WHERE preempted > 0)
-    AND p.transition = '{ev.PREEMPTED}' AND p.at >= :since AND p.at < :until
-)"""
-
-
-def _usage_statement(dialect: str, by: str) -> Any:
-    """Three kinds of rows: (0, group, resource, base units x seconds), (1, group, None, wait
-    in microseconds) per admission in reservation order, (2, group, None, preemptions)."""
-    start = "CASE WHEN res.r_at > :since THEN res.r_at ELSE :since END"
-    seconds = f"({_micros(dialect, 'res.end_at')} - {_micros(dialect, start)})"
-    if dialect == "postgresql":
-        seconds = f"CAST({seconds} AS DOUBLE PRECISION)"
-    keys = {
-        "namespace": "r.namespace",
-        "localqueue": "r.namespace || '/' || COALESCE(r.local_queue, '')",
-        "clusterqueue": "COALESCE(r.cluster_queue, '')",
+    Each reservation is cut to the part the buckets count (:func:`_covered`: its end, or up to
+    a bucket's end where a bucket does not yet see what ended it), then split by integer
+    arithmetic: a partial first and last bucket, and the whole buckets between as a step
+    (+amount, -amount) summed up here."""
+    if by not in GROUPINGS:
+        raise ValueError(f"--by {by!r}: use one of {', '.join(GROUPINGS)}")
+    width_us = width // dt.timedelta(microseconds=1)
+    if width_us <= 0:
+        raise ValueError("the bucket width must be positive")
+    count = -(-(intervals.micros(until) - intervals.micros(since)) // width_us)
+    params = {"since": intervals.micros(since), "until": intervals.micros(until), "w": width_us}
+    found: dict[str, dict[str, list[float]]] = {}
+    steps: dict[tuple[str, str], list[float]] = {}
+    with engine.connect() as connection:
+        for key, resource, kind, index, value in connection.execute(_buckets_statement(by), params):
+            per_resource = found.setdefault(key, {})
+            values = per_resource.setdefault(resource, [0.0] * count)
+            if kind == 0:
+                values[int(index)] += float(value)
+            else:
+                steps.setdefault((key, resource), [0.0] * (count + 1))[int(index)] += float(value)
+        connection.rollback()
+    whole = width_us / 1e6
+    for (key, resource), step in steps.items():
+        values = found[key][resource]
+        rate = 0.0
+        for index in range(count):
+            rate += step[index]
+            if rate:
+                values[index] += rate * whole
+    return {
+        key: [
+            {resource: values[index] for resource, values in sorted(per_resource.items())}
+            for index in range(count)
+        ]
+        for key, per_resource in sorted(found.items())
     }
-    if by == "flavor":
-        held_key = "er.flavor"
-        key = "COALESCE(f.flavor, '')"
-        flavors = (
-            "LEFT JOIN (SELECT DISTINCT event_id, flavor FROM workload_event_resources) f"
-            " ON f.event_id = {id}"
-        )
-    else:
-        held_key = key = keys[by]
-        flavors = ""
-    sql = f"""{_reservations()},
-held AS (
-  SELECT 0 AS kind, {held_key} AS grp, er.resource AS resource,
-    SUM(er.amount * ({seconds} / 1000000.0)) AS value,
-    CAST(NULL AS VARCHAR) AS uid, CAST(NULL AS TIMESTAMP) AS r_at,
-    CAST(NULL AS BIGINT) AS r_id
-  FROM res
-  JOIN workload_events r ON r.id = res.r_id
-  JOIN workload_event_resources er ON er.event_id = res.r_id
-  WHERE res.end_at > :since AND res.end_at > res.r_at
-  GROUP BY {held_key}, er.resource
+
+
+_KEYS = {
+    "namespace": "r.namespace",
+    "localqueue": "r.namespace || '/' || COALESCE(r.local_queue, '')",
+    "clusterqueue": "COALESCE(r.cluster_queue, '')",
+}
+_OVERLAPPING = """r.closed_us > :since AND +r.start_us < :until
+    AND (r.stray_until_us IS NULL OR r.stray_until_us >= :since)"""
+"""The reservations that may overlap ``[since, until)``: not ended by its start (as far as
+the store knows; an open one's ``closed_us`` is never) and started before its end: one range
+of ``ix_workload_reservations_window``, which also holds every column read (the unary ``+``
+keeps SQLite from the start index, which a window ending now does not narrow). The exact
+overlap is computed from these."""
+
+
+def _seconds(expression: str) -> str:
+    """Microseconds (an integer expression) as seconds, in floating point on both backends."""
+    return f"(CAST(({expression}) AS DOUBLE PRECISION) / 1000000)"
+
+
+def _held_statement(by: str) -> Any:
+    """(group, resource, base units x seconds) over the window.
+
+    A reservation counts from its start to its end, clipped to the window; one whose end the
+    window does not see yet (open, or ended by an event at or after ``until``) up to
+    ``until``."""
+    key = "x.flavor" if by == "flavor" else _KEYS[by]
+    return text(f"""
+SELECT {key}, x.resource, SUM(CAST(x.amount AS DOUBLE PRECISION) * {_seconds("r.held_us")})
+FROM (
+  SELECT r.id, r.namespace, r.local_queue, r.cluster_queue,
+    (CASE WHEN r.closed_us < :until THEN r.end_us ELSE :until END)
+      - (CASE WHEN r.start_us > :since THEN r.start_us ELSE :since END) AS held_us
+  FROM workload_reservations r
+  WHERE {_OVERLAPPING}
+) r
+JOIN workload_reservation_resources x ON x.reservation_id = r.id
+WHERE r.held_us > 0
+GROUP BY {key}, x.resource""")
+
+
+def _admitted_statement(by: str) -> Any:
+    """(group, wait in microseconds) per reservation that started in the window, in Workload
+    and time order; by flavor, once per flavor the reservation holds (or '' for none)."""
+    window = "r.start_us >= :since AND r.start_us < :until"
+    if by != "flavor":
+        return text(f"""
+SELECT {_KEYS[by]}, r.wait_us FROM workload_reservations r
+WHERE {window}
+ORDER BY r.uid, r.start_us, r.id""")
+    return text(f"""
+SELECT COALESCE(x.flavor, ''), r.wait_us FROM workload_reservations r
+LEFT JOIN workload_reservation_resources x ON x.reservation_id = r.id
+WHERE {window}
+GROUP BY r.uid, r.start_us, r.id, r.wait_us, COALESCE(x.flavor, '')
+ORDER BY r.uid, r.start_us, r.id""")
+
+
+def _preempted_statement(by: str) -> Any:
+    """(group, preemptions in the window) of the reservations they were attributed to."""
+    window = "p.at_us >= :since AND p.at_us < :until"
+    if by != "flavor":
+        return text(f"""
+SELECT {_KEYS[by]}, COUNT(*) FROM workload_reservation_preemptions p
+JOIN workload_reservations r ON r.id = p.reservation_id
+WHERE {window}
+GROUP BY {_KEYS[by]}""")
+    return text(f"""
+SELECT grp, COUNT(*) FROM (
+  SELECT p.reservation_id, p.at_us, COALESCE(x.flavor, '') AS grp
+  FROM workload_reservation_preemptions p
+  LEFT JOIN workload_reservation_resources x ON x.reservation_id = p.reservation_id
+  WHERE {window}
+  GROUP BY p.reservation_id, p.at_us, COALESCE(x.flavor, '')
+) t
+GROUP BY grp""")
+
+
+def _covered() -> str:
+    """The end of the part of reservation ``r`` that the buckets count, given that each bucket
+    counts it like :func:`usage` over that bucket would:
+
+    - ended (by an event before ``until``) in bucket ``c``: the buckets before ``c`` do not
+      see the end yet and count it to their own ends, bucket ``c`` to its end: so up to the
+      later of its end and the start of bucket ``c``;
+    - left open by a finished Workload (``stray_until_us``) in bucket ``k``: up to the end of
+      bucket ``k``, the last whose report reads it;
+    - else up to ``until``."""
+    bucket_of_closed = ":since + ((r.closed_us - :since) / :w) * :w"
+    after_stray = ":since + ((r.stray_until_us - :since) / :w + 1) * :w"
+    return f"""CASE
+      WHEN r.closed_us < :until THEN
+        CASE WHEN r.end_us > {bucket_of_closed} THEN r.end_us ELSE {bucket_of_closed} END
+      WHEN r.stray_until_us IS NOT NULL AND {after_stray} < :until THEN {after_stray}
+      ELSE :until END"""
+
+
+def _buckets_statement(by: str) -> Any:
+    """(group, resource, kind, bucket, value): kind 0 adds base units x seconds to a bucket,
+    kind 1 a step of base units held over whole buckets from that bucket on."""
+    key = "x.flavor" if by == "flavor" else _KEYS[by]
+    amount = "CAST(x.amount AS DOUBLE PRECISION)"
+    first = _seconds("CASE WHEN ia = ib THEN b - a ELSE :since + (ia + 1) * :w - a END")
+    last = _seconds("b - (:since + ib * :w)")
+    return text(f"""
+WITH cut AS (
+  SELECT r.id, r.namespace, r.local_queue, r.cluster_queue,
+    CASE WHEN r.start_us > :since THEN r.start_us ELSE :since END AS a,
+    {_covered()} AS b
+  FROM workload_reservations r
+  WHERE {_OVERLAPPING}
 ),
-admitted AS (
-  SELECT 1 AS kind, {key} AS grp, CAST(NULL AS VARCHAR) AS resource,
-    {_micros(dialect, "res.r_at")} - {_micros(dialect, "res.queued_at")} AS value,
-    res.uid AS uid, res.r_at AS r_at, res.r_id AS r_id
-  FROM res
-  JOIN workload_events r ON r.id = res.r_id
-  {flavors.format(id="res.r_id")}
-  WHERE res.r_at >= :since
-),
-preemptions AS (
-  SELECT 2 AS kind, {key} AS grp, CAST(NULL AS VARCHAR) AS resource, COUNT(*) AS value,
-    CAST(NULL AS VARCHAR) AS uid, CAST(NULL AS TIMESTAMP) AS r_at,
-    CAST(NULL AS BIGINT) AS r_id
-  FROM preempted p
-  JOIN workload_events r ON r.id = p.r_id
-  {flavors.format(id="p.r_id")}
-  WHERE NOT EXISTS (
-    SELECT 1 FROM workload_events e
-    WHERE e.uid = p.uid AND e.transition IN ({_ENDS_SQL})
-      AND {_after("e", "r")} AND {_after("p", "e")})
-  GROUP BY {key}
+spans AS (
+  SELECT {key} AS grp, x.resource AS resource, {amount} AS amount, r.a AS a, r.b AS b,
+    (r.a - :since) / :w AS ia, (r.b - 1 - :since) / :w AS ib
+  FROM cut r
+  JOIN workload_reservation_resources x ON x.reservation_id = r.id
+  WHERE r.b > r.a
 )
-SELECT kind, grp, resource, value FROM (
-  SELECT * FROM held UNION ALL SELECT * FROM admitted UNION ALL SELECT * FROM preemptions
-) everything
-ORDER BY kind, uid, r_at, r_id"""
-    return text(sql).bindparams(
-        bindparam("since", type_=DateTime()), bindparam("until", type_=DateTime())
-    )
+SELECT grp, resource, 0, ia, SUM(amount * {first})
+FROM spans GROUP BY grp, resource, ia
+UNION ALL
+SELECT grp, resource, 0, ib, SUM(amount * {last})
+FROM spans WHERE ib > ia GROUP BY grp, resource, ib
+UNION ALL
+SELECT grp, resource, 1, ia + 1, SUM(amount) FROM spans WHERE ib > ia + 1
+GROUP BY grp, resource, ia + 1
+UNION ALL
+SELECT grp, resource, 1, ib, -SUM(amount) FROM spans WHERE ib > ia + 1
+GROUP BY grp, resource, ib""")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def test_upgrade_from_the_previous_revision_keeps_rows(store_url: str) -> None:
     engine = db.open_engine(store_url)
     db.upgrade(engine, "0001")
     db.write_events(engine, ev.events_of(workload()))
-    db.upgrade(engine)
+    db.upgrade(engine, "0002")
     assert db.current_revision(engine) == "0002"
     indexes = {i["name"] for i in inspect(engine).get_indexes("workload_events")}
     assert "ix_workload_events_at" in indexes

@@ -1,7 +1,9 @@
-"""The usage report pairs reservations in SQL; a straightforward Python pairing (the report as
-it was before, kept here as the oracle) must give the same rows on random histories: several
-Workloads, evictions, releases, re-admissions, preemptions, deletions, ties in time, events
-stored out of order, windows cutting reservations."""
+"""The usage report reads the reservation intervals the writer keeps (phalanx.store.intervals);
+a straightforward Python pairing over the events (the report as it was first, kept here as the
+oracle and the specification) must give the same rows on random histories: several Workloads,
+evictions, releases, re-admissions, preemptions, deletions, ties in time, events stored out of
+order across many writes (so each Workload's intervals are recomputed as its events arrive),
+windows cutting reservations."""
 
 from __future__ import annotations
 
@@ -223,10 +225,10 @@ def engine(store_url: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_sql_pairing_equals_the_python_pairing(engine: Engine, seed: int) -> None:
+def test_the_interval_report_equals_the_python_pairing(engine: Engine, seed: int) -> None:
     rng = random.Random(seed)
     events = [e for i in range(60) for e in _history(rng, f"uid-{i:03d}")]
-    rng.shuffle(events)  # stored out of order: ids do not follow time
+    rng.shuffle(events)  # stored out of order, across writes: ids do not follow time
     for start in range(0, len(events), 37):
         db.write_events(engine, events[start : start + 37])
     windows = [(T0 - dt.timedelta(days=1), T0 + dt.timedelta(days=2))]
