@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "LineSplitter",
     "WatchGone",
     "object_key",
+    "typed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -252,6 +253,7 @@ class Informer:
                 raise
             first_page = False
             for item in page.get("items") or ():
+                typed(item, page)
                 key = object_key(item)
                 seen[key] = (item.get("metadata") or {}).get("uid", "")
                 self._deliver(MODIFIED if key in self._known else ADDED, item)
@@ -347,6 +349,19 @@ class Informer:
             # One bad object must not stop the stream for all the others.
             self.stats.handler_errors += 1
             logger.exception("event=handler_error resource=%s key=%s", self.name, object_key(obj))
+
+
+def typed(item: dict[str, Any], page: Mapping[str, Any]) -> dict[str, Any]:
+    """Give a list item the ``kind`` and ``apiVersion`` the API server leaves out of list
+    items (a watch event's object has them): from the list's own (``JobList`` -> ``Job``).
+    Whatever names the object from it (an Event's involvedObject) must not fall back to a
+    default kind."""
+    list_kind = str(page.get("kind") or "")
+    if "kind" not in item and list_kind.endswith("List"):
+        item["kind"] = list_kind[: -len("List")]
+    if "apiVersion" not in item and page.get("apiVersion"):
+        item["apiVersion"] = page["apiVersion"]
+    return item
 
 
 def _stub(key: str, uid: str) -> dict[str, Any]:

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from phalanx.operator import informer as informer_mod
-from phalanx.operator.informer import Backoff, Informer, LineSplitter, WatchGone, object_key
+from phalanx.operator.informer import (
+    Backoff,
+    Informer,
+    LineSplitter,
+    WatchGone,
+    object_key,
+    typed,
+)
 from phalanx.operator.kube import WORKLOADS, ApiError
 
 
@@ -308,3 +315,18 @@ def test_a_retry_after_from_a_restarted_server_ends_the_connection_error_backoff
     ]
     _, sleeps = _run_scripted(inf, outcomes, monkeypatch)
     assert sleeps == [0.5, 1.0, 2.0, 4.0, 8.0, 1.0, 1.0]
+
+
+def test_list_items_get_the_kind_and_api_version_the_list_leaves_out() -> None:
+    # A list's items carry no kind: an Event written about a Job first seen in the initial
+    # list named it a kueue.x-k8s.io Workload (the writer's default), so `kubectl describe
+    # job` never showed it.
+    page = {"kind": "JobList", "apiVersion": "batch/v1", "items": []}
+    item: dict[str, Any] = {"metadata": {"name": "train"}}
+    assert typed(item, page) == {
+        "kind": "Job",
+        "apiVersion": "batch/v1",
+        "metadata": {"name": "train"},
+    }
+    kept = {"kind": "Other", "apiVersion": "x/v1", "metadata": {}}
+    assert typed(dict(kept), page) == kept
