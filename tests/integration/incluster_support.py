@@ -332,9 +332,16 @@ class InClusterInstall:
                 arg = f"--metrics-port={metrics_port}"
             elif key == "--health-probe-port":
                 arg = f"--health-probe-port={health_port}"
+            elif key == "--visibility-port":
+                arg = f"--visibility-port={free_port()}"  # no APIService routes to it here
             arg = arg.replace("$(POD_NAMESPACE)", NAMESPACE).replace("$(POD_NAME)", name)
             out.append(arg)
-        return [*out, "--metrics-listen=127.0.0.1", "--health-probe-listen=127.0.0.1"]
+        return [
+            *out,
+            "--metrics-listen=127.0.0.1",
+            "--health-probe-listen=127.0.0.1",
+            "--visibility-listen=127.0.0.1",
+        ]
 
     def start(self, name: str, *, own_token: bool = False) -> Replica:
         """A replica named ``name`` (its pod name: the Lease identity). ``own_token``: it

@@ -206,7 +206,7 @@ def test_the_role_grants_the_lease_verbs_the_elector_uses_in_the_operator_namesp
         assert "leases" not in rule.get("resources", ()), rule
     # The Role is bound to the Deployment's ServiceAccount, in that namespace.
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    binding = _one("RoleBinding")
+    binding = _one("RoleBinding", "phalanx-leader-election")
     role = _one("Role")
     assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == namespace
     assert binding["roleRef"] == {
