@@ -88,7 +88,12 @@ def usage(engine: Engine, *, since: dt.datetime, until: dt.datetime, by: str) ->
     with engine.connect() as connection:
         for key, resource, value in connection.execute(_held_statement(by), params):
             row(key).resource_seconds[resource] += float(value)
-        for key, wait in connection.execute(_admitted_statement(by), params):
+        seen: tuple[object, str] | None = None
+        for key, wait, *reservation in connection.execute(_admitted_statement(by), params):
+            if reservation:  # by flavor: each of a reservation's flavors once
+                if (reservation[0], key) == seen:
+                    continue
+                seen = (reservation[0], key)
             found = row(key)
             found.admissions += 1
             found.waits.append(int(wait) / 1e6)
@@ -187,19 +192,20 @@ GROUP BY {key}, x.resource""")
 
 def _admitted_statement(by: str) -> Any:
     """(group, wait in microseconds) per reservation that started in the window, in Workload
-    and time order; by flavor, once per flavor the reservation holds (or '' for none)."""
+    and time order; by flavor, (flavor, wait, reservation id) per resource it holds (or ''
+    for none), each flavor's rows adjacent, to be counted once per reservation."""
     window = "r.start_us >= :since AND r.start_us < :until"
     if by != "flavor":
         return text(f"""
 SELECT {_KEYS[by]}, r.wait_us FROM workload_reservations r
 WHERE {window}
 ORDER BY r.uid, r.start_us, r.id""")
+    # One row per (reservation, resource): the caller skips a reservation's repeated flavors.
     return text(f"""
-SELECT COALESCE(x.flavor, ''), r.wait_us FROM workload_reservations r
+SELECT COALESCE(x.flavor, ''), r.wait_us, r.id FROM workload_reservations r
 LEFT JOIN workload_reservation_resources x ON x.reservation_id = r.id
 WHERE {window}
-GROUP BY r.uid, r.start_us, r.id, r.wait_us, COALESCE(x.flavor, '')
-ORDER BY r.uid, r.start_us, r.id""")
+ORDER BY r.uid, r.start_us, r.id, COALESCE(x.flavor, '')""")
 
 
 def _preempted_statement(by: str) -> Any:
