@@ -3,6 +3,7 @@ test taking ``store_url`` runs once per backend, each on an empty database of it
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -25,12 +26,9 @@ def postgres_admin_url() -> Iterator[str]:
         pytest.skip(f"no PostgreSQL here: {error}")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/store.db"
-        return
-    admin_url: str = request.getfixturevalue("postgres_admin_url")
+@contextlib.contextmanager
+def _postgres_database(admin_url: str) -> Iterator[str]:
+    """An empty database of its own on the session's server; dropped afterwards."""
     name = f"store_{os.getpid()}_{next(_counter)}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
@@ -41,3 +39,19 @@ def store_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]
         with admin.connect() as connection:
             connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/store.db"
+        return
+    with _postgres_database(request.getfixturevalue("postgres_admin_url")) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
+    """PostgreSQL only: for what SQLite cannot do at all (concurrent writers)."""
+    with _postgres_database(postgres_admin_url) as url:
+        yield url
