@@ -15,6 +15,15 @@ EndpointSlice of its own (``kubernetes.io/service-name: phalanx-webhook``) namin
 non-loopback address and its port: the API server refuses loopback addresses in
 EndpointSlices, so the operator listens on that address.
 
+Kueue's visibility API goes to the Service ``phalanx-visibility``, which selects the pod the
+scheduling replica labels (``phalanx.operator.podlabel``). A replica started with
+``pod=True`` gets a Pod object named as it is (the Deployment's pod labels; a nodeSelector no
+node has, so it stays Pending, never runs and has no address) and ``POD_NAME``/``POD_NAMESPACE``
+as the downward API gives them, so it labels that Pod. No controller turns those pods into
+endpoints (they have no IP); :meth:`InClusterInstall.route_visibility` does the
+EndpointSlice controller's part: it follows the Service's selector over the Pod objects and
+names the host's address and the visibility port of each selected replica.
+
 The API server's audit log (``devcluster/audit-policy.yaml``: every request of a ServiceAccount
 of ``phalanx-system``) says which call the operator made and what it was answered: a 403 in it
 is tied to the verb, resource and name that needed a rule. Its events carry when the request
@@ -56,6 +65,9 @@ CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
 CONFIGURATION = "phalanx.kueue.x-k8s.io"
 WEBHOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 SLICE_MANAGER = "phalanx-tests"
+VISIBILITY_SERVICE = "phalanx-visibility"
+MODEL_POD_LABEL = "phalanx-tests/model-pod"
+"""On the Pod objects that model replicas' pods (``InClusterInstall.start(pod=True)``)."""
 
 
 def host_address() -> str:
@@ -209,6 +221,8 @@ class Replica:
     log_offset: int = 0
     credential: str = ""
     """Its token's ``credential-id`` when it got a token of its own, else empty."""
+    visibility_port: int = 0
+    """Where it serves the visibility API, on the install's host address."""
 
     def text(self) -> str:
         data = self.log.read_bytes() if self.log.exists() else b""
@@ -313,10 +327,17 @@ class InClusterInstall:
         host, _, port = str(server).removeprefix("https://").rpartition(":")
         return host, port
 
-    def argv(self, name: str, webhook_port: int, metrics_port: int, health_port: int) -> list[str]:
+    def argv(
+        self,
+        name: str,
+        webhook_port: int,
+        metrics_port: int,
+        health_port: int,
+        visibility_port: int | None = None,
+    ) -> list[str]:
         """The Deployment's arguments, with what a pod gets from its spec made local: the
         ConfigMap's file, the pod's name and namespace, ports free on this machine, the host
-        address to listen on."""
+        address to listen on (webhooks, visibility)."""
         out = [sys.executable, "-m", "phalanx.cli.main"]
         for arg in deployment_args() if self.args is None else self.args:
             key = arg.split("=", 1)[0]
@@ -333,21 +354,23 @@ class InClusterInstall:
             elif key == "--health-probe-port":
                 arg = f"--health-probe-port={health_port}"
             elif key == "--visibility-port":
-                arg = f"--visibility-port={free_port()}"  # no APIService routes to it here
+                arg = f"--visibility-port={visibility_port or free_port()}"
             arg = arg.replace("$(POD_NAMESPACE)", NAMESPACE).replace("$(POD_NAME)", name)
             out.append(arg)
         return [
             *out,
             "--metrics-listen=127.0.0.1",
             "--health-probe-listen=127.0.0.1",
-            "--visibility-listen=127.0.0.1",
+            f"--visibility-listen={self.address}",  # route_visibility() may name it
         ]
 
-    def start(self, name: str, *, own_token: bool = False) -> Replica:
+    def start(self, name: str, *, own_token: bool = False, pod: bool = False) -> Replica:
         """A replica named ``name`` (its pod name: the Lease identity). ``own_token``: it
         reads a token of its own (``kubectl create token``, as each pod gets its own bound
         token), so the audit log tells its calls apart by ``Replica.credential``; otherwise
-        it shares the install's ServiceAccount folder."""
+        it shares the install's ServiceAccount folder. ``pod``: a Pod object named ``name``
+        models its pod, and it gets ``POD_NAME``/``POD_NAMESPACE`` as the Deployment passes
+        them (the operator then labels that Pod while it schedules)."""
         sa_dir, credential = self.sa_dir, ""
         if own_token:
             sa_dir = self.workdir / f"serviceaccount-{name}"
@@ -360,6 +383,7 @@ class InClusterInstall:
             sa_dir.joinpath("namespace").write_text(NAMESPACE)
             credential = credential_id(token)
         webhook_port, metrics_port, health_port = free_port(), free_port(), free_port()
+        visibility_port = free_port()
         self._publish(name, webhook_port)
         host, port = self._server()
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
@@ -371,17 +395,22 @@ class InClusterInstall:
                 "HOME": str(self.workdir),  # no ~/.kube/config to fall back on
             }
         )
+        if pod:
+            self.create_pod(name)
+            env.update({"POD_NAME": name, "POD_NAMESPACE": NAMESPACE})
         log = self.workdir / f"{name}.log"
         offset = log.stat().st_size if log.exists() else 0
         with log.open("ab") as handle:
             process = subprocess.Popen(
-                self.argv(name, webhook_port, metrics_port, health_port),
+                self.argv(name, webhook_port, metrics_port, health_port, visibility_port),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
-        replica = Replica(name, process, log, metrics_port, health_port, offset, credential)
+        replica = Replica(
+            name, process, log, metrics_port, health_port, offset, credential, visibility_port
+        )
         self.replicas[name] = replica
         return replica
 
@@ -412,6 +441,81 @@ class InClusterInstall:
             replica.stop()
             self.unpublish(name)
         self.replicas.clear()
+        self.cluster.kubectl(
+            "delete", "pods", "-n", NAMESPACE, "-l", f"{MODEL_POD_LABEL}=true", "--wait=false"
+        )
+        self.cluster.kubectl(
+            "delete",
+            "endpointslices",
+            "-n",
+            NAMESPACE,
+            "-l",
+            f"kubernetes.io/service-name={VISIBILITY_SERVICE}",
+        )
+
+    # -- pods and the visibility Service ------------------------------------------------------
+
+    def create_pod(self, name: str) -> None:
+        """A Pod object for replica ``name``: the Deployment's pod labels, never scheduled."""
+        (deployment,) = [
+            d for d in yaml.safe_load_all(DEPLOYMENT.read_text()) if d and d["kind"] == "Deployment"
+        ]
+        labels = dict(deployment["spec"]["template"]["metadata"]["labels"])
+        labels[MODEL_POD_LABEL] = "true"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "spec": {
+                "serviceAccountName": "phalanx",
+                "automountServiceAccountToken": False,
+                "nodeSelector": {MODEL_POD_LABEL: "no-such-node"},
+                "containers": [{"name": "operator", "image": "phalanx:0.1.0"}],
+            },
+        }
+        self.cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=true")
+        self.cluster.kubectl_ok("create", "-f", "-", input=json.dumps(pod))
+
+    def pod_labels(self, name: str) -> dict[str, str]:
+        pod = json_of(self.cluster, "pod", name, "-n", NAMESPACE)
+        return dict(pod["metadata"].get("labels") or {})
+
+    def route_visibility(self) -> list[str]:
+        """The EndpointSlice controller's part for ``phalanx-visibility``: the replicas whose
+        Pod the Service's selector selects, each named by an EndpointSlice (the host's address,
+        its visibility port); the others' slices deleted. Returns the selected names."""
+        service = json_of(self.cluster, "service", VISIBILITY_SERVICE, "-n", NAMESPACE)
+        selector = ",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items())
+        pods = json.loads(
+            self.cluster.kubectl_ok("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json")
+        )["items"]
+        selected = sorted(
+            p["metadata"]["name"] for p in pods if p["metadata"]["name"] in self.replicas
+        )
+        for name, replica in self.replicas.items():
+            slice_name = f"{VISIBILITY_SERVICE}-{name}"
+            if name not in selected:
+                self.cluster.kubectl(
+                    "delete", "endpointslice", slice_name, "-n", NAMESPACE, "--ignore-not-found"
+                )
+                continue
+            endpoint_slice = {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": slice_name,
+                    "namespace": NAMESPACE,
+                    "labels": {
+                        "kubernetes.io/service-name": VISIBILITY_SERVICE,
+                        "endpointslice.kubernetes.io/managed-by": SLICE_MANAGER,
+                    },
+                },
+                "addressType": "IPv4",
+                "ports": [{"name": "https", "port": replica.visibility_port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [self.address], "conditions": {"ready": True}}],
+            }
+            self.cluster.kubectl_ok("apply", "-f", "-", input=json.dumps(endpoint_slice))
+        return selected
 
 
 def wait_ready(replica: Replica, *, timeout: float = 60.0, leader: bool = True) -> None:

@@ -38,6 +38,7 @@ from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, ApiError, KubeAp
 from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.podlabel import ServingLabel
 from phalanx.operator.provisioning import ProvisioningController
 from phalanx.operator.queuestatus import QueueStatus
 from phalanx.operator.serving import Endpoints, metrics_cert_folder
@@ -89,6 +90,9 @@ kopf's watch, a relist after a lost watch reports the objects deleted meanwhile.
 
 TEST_HOOKS_ENV = "PHALANX_TEST_HOOKS"
 """Set to ``1`` to install the test hooks (see the module docstring)."""
+
+SERVING_LABEL_CLEANUP_SECONDS = 5.0
+"""How long a stopping replica tries to take the visibility label off its Pod."""
 
 
 class OptionalInformer(Informer):
@@ -187,6 +191,8 @@ class PhalanxOperator:
         self.api: KubeApi | None = None
         self.endpoints: Endpoints | None = None
         self.visibility: VisibilityServer | None = None
+        self.serving_label: ServingLabel | None = None
+        """This replica's Pod's visibility label (in a pod serving the visibility API)."""
         self.informers: list[Informer] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._components: list[Any] = []
@@ -342,6 +348,12 @@ class PhalanxOperator:
         self.loop.on_cycle.append(lambda _result: self.heartbeat.beat())
         if self.config.visibility_port:
             await self._serve_visibility()
+            # The Service phalanx-visibility selects the pod that carries the label: cleared
+            # at once (a restarted container may hold its last run's), set once scheduling.
+            self.serving_label = ServingLabel.from_env(self.api)
+            if self.serving_label is not None:
+                self.serving_label.want(False)
+                self.spawn(self.serving_label.run(), name="phalanx-serving-label")
         # The usage history store: only the leader's components start, so only it writes.
         self.history = (
             HistoryRecorder(
@@ -449,6 +461,8 @@ class PhalanxOperator:
     async def _arm_heartbeat(self) -> None:
         await self.loop.ready.wait()
         self.heartbeat.arm()
+        if self.serving_label is not None and not self._stopping:
+            self.serving_label.want(True)  # it can answer the visibility API now
 
     def _lost_leadership(self) -> None:
         """The tenure is over and the fence already refuses every write (it reads the clock
@@ -502,6 +516,17 @@ class PhalanxOperator:
             if stop is not None:
                 with contextlib.suppress(Exception):
                     await stop()
+        if self.serving_label is not None:
+            # Before the Lease is handed over, so that the Service stops routing here before
+            # the successor labels its own Pod; after the components (the loop) stopped, as
+            # the Pod's change reaches this replica's Pod informer. Bounded: a shutdown must
+            # not hang on an unreachable API server.
+            self.serving_label.want(False)
+            if not await self.serving_label.settle(SERVING_LABEL_CLEANUP_SECONDS):
+                logger.warning(
+                    "event=serving_label_left pod=%s reason=not_removed_at_exit",
+                    self.serving_label.pod,
+                )
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
