@@ -106,7 +106,8 @@ class FairUsageKeeper:
             return found
 
         try:
-            self._rebuilt = await asyncio.wait_for(asyncio.to_thread(rebuild), timeout=timeout)
+            async with asyncio.timeout(timeout):
+                self._rebuilt = await asyncio.to_thread(rebuild)
         except TimeoutError:
             logger.warning(
                 "event=afs_store_rebuild_timeout local_queues=%d timeout_s=%.0f action=start_empty",

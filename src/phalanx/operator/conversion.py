@@ -136,7 +136,8 @@ class ConversionWebhook:
                 if config is not None:
                     await self.sync(api, config)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=interval)
+                    async with asyncio.timeout(interval):
+                        await self._changed.wait()
                 self._changed.set()  # the next round runs at once (changed or interval over)
         finally:
             if self.restore_on_exit and self.client_config is not None:

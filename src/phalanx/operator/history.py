@@ -165,7 +165,8 @@ class HistoryRecorder:
             # A clean stop (leader hand-over) writes what it can in a few seconds; the next
             # leader's resync fills whatever is left.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.flush_once(), timeout=5.0)
+                async with asyncio.timeout(5.0):
+                    await self.flush_once()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -199,7 +200,8 @@ class HistoryRecorder:
                 continue
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.flush_interval * 10)
+                async with asyncio.timeout(self.flush_interval * 10):
+                    await self._wake.wait()
             await asyncio.sleep(self.flush_interval)  # batch what arrives meanwhile
 
     def _engine_or_open(self) -> Engine:

@@ -166,7 +166,11 @@ class SchedulingLoop:
         await self._cycle()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.state.wait_changed(), timeout=self.tick_seconds)
+                # asyncio.timeout, never wait_for, in every long-running task: CPython 3.11's
+                # wait_for can swallow a cancel arriving as the awaited event fires (a stop
+                # once hung here on SIGTERM); tests/unit/operator/test_operator_no_wait_for.py.
+                async with asyncio.timeout(self.tick_seconds):
+                    await self.state.wait_changed()
             await asyncio.sleep(self.config.cycle_min_interval)
             self._sync()
             await self._cycle()

@@ -109,7 +109,8 @@ class ProvisioningController:
     async def _run(self) -> None:
         while True:
             try:
-                key = await asyncio.wait_for(self._queue.get(), timeout=self.resync_seconds)
+                async with asyncio.timeout(self.resync_seconds):
+                    key = await self._queue.get()
             except TimeoutError:
                 key = _ALL
             self._queued.discard(key)

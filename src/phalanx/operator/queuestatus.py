@@ -462,7 +462,8 @@ class QueueStatus:
         # reporting what it held at that moment (found by the API-server restart fault test).
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self._write_changed()

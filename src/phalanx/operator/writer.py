@@ -291,7 +291,8 @@ class StatusWriter:
             if not self._background:
                 self._background_ready.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._background_ready.wait(), timeout=wait)
+                    async with asyncio.timeout(wait):
+                        await self._background_ready.wait()
                 continue
             key, encoded = self._background.popitem(last=False)
             now = time.monotonic()
