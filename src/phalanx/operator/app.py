@@ -117,6 +117,7 @@ def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
             registry,
             validator=op.validate_object,
             persistent=op.config.webhook.service is not None,
+            frameworks=op.config.frameworks,
         )
     return registry
 

@@ -80,6 +80,9 @@ class OperatorConfig:
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     wait_for_pods_ready: WaitForPodsReady = field(default_factory=WaitForPodsReady)
     manage_jobs: bool = True
+    frameworks: tuple[str, ...] = ("batch/job",)
+    """Kueue's ``integrations.frameworks`` (``--config``): the enabled integrations. A queued
+    object of a kind left out is left alone, with an Event saying so."""
     status_flush_seconds: float = 1.0
     """ClusterQueue/LocalQueue status is written at most this often per queue."""
     pending_message_min_interval: float = 5.0

@@ -17,8 +17,10 @@ brought over as it is:
 - the process-level sections (``health``, ``metrics``, ``webhook``, ``leaderElection``, ...) are
   set by ``phalanx operator`` flags instead and are read past, each named in a log line;
 - anything else, or a value Phalanx does not implement (``manageJobsWithoutQueueName: true``,
-  a framework other than ``batch/job``), is an error naming the field, so a setting is never
-  silently dropped.
+  a framework Phalanx does not integrate yet), is an error naming the field, so a setting is
+  never silently dropped. ``integrations.frameworks`` names the enabled integrations (Kueue's
+  names; without it, ``batch/job``); a queued object of a kind left out is left alone, with an
+  Event saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from phalanx.operator.integration import KUEUE_FRAMEWORKS
 
 __all__ = [
     "API_VERSIONS",
@@ -47,6 +51,7 @@ __all__ = [
 API_VERSIONS = ("config.kueue.x-k8s.io/v1beta1", "config.kueue.x-k8s.io/v1beta2")
 FAIR_SHARING_STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 FRAMEWORKS = ("batch/job",)
+"""The ``integrations.frameworks`` names Phalanx integrates (a subset of Kueue's)."""
 PROCESS_SECTIONS = (
     "namespace",
     "health",
@@ -103,6 +108,8 @@ class ConfigFile:
     """``featureGates.TASBalancedPlacement`` (Kueue's default: off)."""
     admission_fair_sharing: AdmissionFairSharing | None = None
     """``admissionFairSharing``; None when absent or its feature gate is off."""
+    frameworks: tuple[str, ...] | None = None
+    """``integrations.frameworks``: the enabled integrations."""
     ignored: tuple[str, ...] = field(default=())
     """Process sections present in the file and read past (flags set them)."""
 
@@ -363,16 +370,23 @@ def _integrations(raw: Any, values: dict[str, Any], problems: list[str]) -> None
     if not isinstance(frameworks, list):
         problems.append(f"{where}.frameworks: must be a list, got {type(frameworks).__name__}")
         return
+    good = True
     for index, framework in enumerate(frameworks):
-        if framework not in FRAMEWORKS:
+        if framework in FRAMEWORKS:
+            continue
+        good = False
+        if framework in KUEUE_FRAMEWORKS:
             problems.append(
                 f"{where}.frameworks[{index}]: Phalanx integrates {', '.join(FRAMEWORKS)} only, "
-                f"got {framework!r}"
+                f"got {framework!r}; remove it"
             )
-    if "batch/job" not in frameworks:
-        # The Job webhook suspends every queued Job; without the Job controller to admit them
-        # they would wait forever.
-        problems.append(f"{where}.frameworks: must include batch/job, got {frameworks!r}")
+        else:
+            problems.append(
+                f"{where}.frameworks[{index}]: {framework!r} is not one of Kueue's framework "
+                f"names ({', '.join(KUEUE_FRAMEWORKS)})"
+            )
+    if good:
+        values["frameworks"] = tuple(str(f) for f in dict.fromkeys(frameworks))
 
 
 def _label_selector(raw: Any, where: str, problems: list[str]) -> Mapping[str, Any] | None:

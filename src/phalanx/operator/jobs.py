@@ -1,20 +1,24 @@
-"""batch/v1 Job integration, as pure functions over API dicts.
+"""batch/v1 Job integration (Kueue's ``batch/job``), as pure functions over API dicts.
 
 A Job labelled ``kueue.x-k8s.io/queue-name`` is suspended at creation (mutating webhook) and
 represented by a Workload that the scheduler admits. These functions build that Workload, and
 the patches that start a Job on admission and stop it on eviction. They do no I/O, so the
 rules are unit-tested without a cluster; ``phalanx.operator.jobsync`` applies them.
+:data:`JOB` is the Job's adapter on the integration framework (``phalanx.operator.integration``).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from phalanx.operator import integration
+from phalanx.operator.integration import Finish, FlavorInjection
+
 __all__ = [
+    "JOB",
     "JOB_MIN_PARALLELISM_ANNOTATION",
     "JOB_UID_LABEL",
     "MAIN_POD_SET",
@@ -26,11 +30,13 @@ __all__ = [
     "FlavorInjection",
     "InvalidJob",
     "JobFinish",
+    "JobIntegration",
     "PriorityResolution",
     "WorkloadPriorityClassNotFound",
     "admission_patch",
     "job_finish",
     "job_finishing",
+    "job_pod_sets",
     "min_parallelism",
     "pods_ready",
     "queue_name",
@@ -42,9 +48,9 @@ __all__ = [
     "workload_name",
 ]
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+QUEUE_LABEL = integration.QUEUE_LABEL
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+JOB_UID_LABEL = integration.JOB_UID_LABEL
 PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
 """Job annotations Kueue copies to the Workload: the ProvisioningRequest's parameters."""
 JOB_MIN_PARALLELISM_ANNOTATION = "kueue.x-k8s.io/job-min-parallelism"
@@ -62,17 +68,13 @@ _UNCONSTRAINED_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
 _SLICE_LEVEL_ANNOTATION = "kueue.x-k8s.io/podset-slice-required-topology"
 _SLICE_SIZE_ANNOTATION = "kueue.x-k8s.io/podset-slice-size"
 _MAX_LEVEL_NAME = 63
-_HASH_LENGTH = 5
-_MAX_NAME = 253
 
 
 def workload_name(job_name: str, job_uid: str) -> str:
     """Kueue's name for the Workload of a Job, so tools that look it up by name find it."""
-    digest = hashlib.sha1(
-        b"\n".join([b"Job", b"batch", job_name.encode(), job_uid.encode()])
-    ).hexdigest()
-    prefix = f"job-{job_name}"[: _MAX_NAME - 1 - _HASH_LENGTH]
-    return f"{prefix}-{digest[:_HASH_LENGTH]}"
+    return integration.kueue_workload_name(
+        prefix="job", kind="Job", group="batch", name=job_name, uid=job_uid
+    )
 
 
 def workload_count(workload: Mapping[str, Any], pod_set: str = MAIN_POD_SET) -> int:
@@ -201,10 +203,10 @@ def min_parallelism(job: Mapping[str, Any]) -> int | None:
     return value
 
 
-def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) -> dict[str, Any]:
-    """The Workload manifest for a queued Job: one pod set ``main`` from the pod template.
-    Raises :class:`InvalidJob` when an annotation cannot be honoured."""
-    metadata = job["metadata"]
+def job_pod_sets(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Job's one pod set ``main``: its pod template, ``count`` = parallelism capped by
+    completions, ``minCount`` and the topology request from the annotations. Raises
+    :class:`InvalidJob` when an annotation cannot be honoured."""
     spec = job.get("spec") or {}
     template = copy.deepcopy(spec.get("template") or {})
     pod_set: dict[str, Any] = {
@@ -220,42 +222,29 @@ def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) ->
     )
     if topology:
         pod_set["topologyRequest"] = topology
-    workload_spec: dict[str, Any] = {
-        "queueName": queue_name(job) or "",
-        "podSets": [pod_set],
-        "priority": priority.value,
-        "active": True,
-    }
-    if priority.ref is not None:
-        workload_spec["priorityClassRef"] = priority.ref
+    return [pod_set]
+
+
+def workload_for_job(job: Mapping[str, Any], *, priority: PriorityResolution) -> dict[str, Any]:
+    """The Workload manifest for a queued Job: one pod set ``main`` from the pod template.
+    Raises :class:`InvalidJob` when an annotation cannot be honoured."""
+    body = integration.workload_manifest(
+        JOB,
+        job,
+        pod_sets=job_pod_sets(job),
+        priority=priority.value,
+        priority_ref=priority.ref,
+    )
     # Kueue copies the Job's ProvisioningRequest parameters (provisioning/sample-job.yaml's
     # provreq.kueue.x-k8s.io/maxRunDurationSeconds) to the Workload, where the check reads them.
     provreq = {
         key: value
-        for key, value in (metadata.get("annotations") or {}).items()
+        for key, value in ((job.get("metadata") or {}).get("annotations") or {}).items()
         if key.startswith(PROVREQ_ANNOTATION_PREFIX)
     }
-    return {
-        "apiVersion": f"{KUEUE_GROUP}/v1beta2",
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(metadata["name"], metadata["uid"]),
-            "namespace": metadata["namespace"],
-            "labels": {JOB_UID_LABEL: metadata["uid"]},
-            **({"annotations": provreq} if provreq else {}),
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "name": metadata["name"],
-                    "uid": metadata["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": workload_spec,
-    }
+    if provreq:
+        body["metadata"]["annotations"] = provreq
+    return body
 
 
 def pods_ready(job: Mapping[str, Any]) -> bool:
@@ -266,20 +255,6 @@ def pods_ready(job: Mapping[str, Any]) -> bool:
     uncounted = (status.get("uncountedTerminatedPods") or {}).get("succeeded") or ()
     done = int(status.get("ready") or 0) + int(status.get("succeeded") or 0) + len(uncounted)
     return done >= _pod_count(job.get("spec") or {})
-
-
-@dataclass(frozen=True)
-class FlavorInjection:
-    """What admission adds to a pod set's template (from the assigned flavors)."""
-
-    pod_set: str
-    count: int
-    node_labels: Mapping[str, str]
-    tolerations: Sequence[Mapping[str, Any]]
-    topology_gated: bool
-    labels: Mapping[str, str] = field(default_factory=dict)
-    """From admission checks' ``podSetUpdates`` (as are the annotations)."""
-    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def admission_patch(
@@ -362,11 +337,8 @@ def restore_patch(
     return ops
 
 
-@dataclass(frozen=True)
-class JobFinish:
-    succeeded: bool
-    reason: str
-    message: str
+JobFinish = Finish
+"""A Job's end (the framework's :class:`~phalanx.operator.integration.Finish`)."""
 
 
 def job_finishing(job: Mapping[str, Any]) -> bool:
@@ -430,3 +402,70 @@ def job_finish(job: Mapping[str, Any]) -> JobFinish | None:
         if condition.get("type") == "Failed":
             return JobFinish(False, "Failed", condition.get("message") or "Job failed")
     return None
+
+
+class JobIntegration:
+    """batch/v1 Job on the integration framework (Kueue's ``batch/job``): ``spec.suspend``
+    holds it, its one pod set ``main`` is its pod template."""
+
+    framework = "batch/job"
+    api_version = "batch/v1"
+    kind = "Job"
+
+    def queue_name(self, obj: Mapping[str, Any]) -> str | None:
+        return queue_name(obj)
+
+    def workload_name(self, obj: Mapping[str, Any]) -> str:
+        metadata = obj["metadata"]
+        return workload_name(metadata["name"], metadata["uid"])
+
+    def pod_sets(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return job_pod_sets(obj)
+
+    def suspended(self, obj: Mapping[str, Any]) -> bool:
+        return bool((obj.get("spec") or {}).get("suspend"))
+
+    def suspend_patch(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return [{"op": "add", "path": "/spec/suspend", "value": True}]
+
+    def start_patch(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        workload_name: str,
+        injections: Mapping[str, FlavorInjection],
+    ) -> list[dict[str, Any]]:
+        injection = injections.get(MAIN_POD_SET)
+        if injection is None:
+            return []
+        return admission_patch(obj, workload_name_=workload_name, injection=injection)
+
+    def restore_patch(
+        self, obj: Mapping[str, Any], *, pod_sets: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        main = next((p for p in pod_sets if p.get("name") == MAIN_POD_SET), None)
+        if main is None:
+            return []
+        return restore_patch(
+            obj,
+            original_template=main.get("template") or {},
+            original_parallelism=int(main.get("count", 1)),
+        )
+
+    def injected(self, obj: Mapping[str, Any]) -> bool:
+        """The marks a start writes on the template: Phalanx's ``kueue.x-k8s.io/workload``
+        annotation or the ``kueue.x-k8s.io/podset`` label (Kueue writes the label at every
+        start and the annotation only with TAS, so a Job Kueue started before a move to
+        Phalanx has at least the label)."""
+        template = (obj.get("spec") or {}).get("template") or {}
+        metadata = template.get("metadata") or {}
+        return WORKLOAD_ANNOTATION in (metadata.get("annotations") or {}) or (
+            PODSET_LABEL in (metadata.get("labels") or {})
+        )
+
+    def finished(self, obj: Mapping[str, Any]) -> Finish | None:
+        return job_finish(obj)
+
+
+JOB = JobIntegration()
+"""The Job integration (its adapter holds no state)."""

@@ -1,6 +1,11 @@
 """The batch/v1 Job controller: Workload per queued Job, start on admission, stop on eviction,
 finish on completion.
 
+What is particular to the kind (pod sets, suspension, injection, restore, end) comes from the
+Job's adapter on the integration framework (``jobs.JOB``); what is particular to the batch/v1
+Job controller (``status.startTime`` guarding the template, its ``Suspended`` condition) is
+here.
+
 It reconciles one Job at a time from the cached state (a change to a Job or to its Workload
 queues the Job), performs at most one write per pass, and lets the write's echo bring it back
 for the next step, so every step is idempotent and a restart resumes where it stopped.
@@ -12,11 +17,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from phalanx.operator import conditions as cond
-from phalanx.operator import jobs
-from phalanx.operator.admission_checks import PodSetChanges
+from phalanx.operator import integration, jobs
 from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
@@ -47,8 +52,13 @@ class JobController:
         *,
         ready: asyncio.Event | None = None,
         concurrency: int = 8,
+        frameworks: Collection[str] = ("batch/job",),
     ) -> None:
         self.api = api
+        self.integration = jobs.JOB
+        # Disabled (``integrations.frameworks`` without ``batch/job``): queued Jobs are left
+        # alone, with an Event saying so.
+        self.enabled = self.integration.framework in frameworks
         self.state = state
         self.writer = writer
         self.metrics = metrics
@@ -237,7 +247,17 @@ class JobController:
         job = self.state.get("Job", job_key)
         if job is None:
             return
-        if jobs.queue_name(job) is None:
+        if self.integration.queue_name(job) is None:
+            return
+        if not self.enabled:
+            await self._refuse(
+                job,
+                "IntegrationNotEnabled",
+                integration.disabled_message(
+                    framework=self.integration.framework, kind=self.integration.kind
+                ),
+                warning=False,
+            )
             return
         wl_key = _workload_key(job)
         workload = self.state.get("Workload", wl_key)
@@ -248,7 +268,7 @@ class JobController:
             return
         status = workload.get("status") or {}
         conditions = status.get("conditions") or []
-        finish = jobs.job_finish(job)
+        finish = self.integration.finished(job)
         if finish is not None:
             if not cond.is_true(conditions, cond.FINISHED):
                 await self._finish(wl_key, finish)
@@ -273,15 +293,13 @@ class JobController:
         # template it was created with.
         if not spec.get("suspend"):
             await self._stop_job(job, workload)
-        elif _template_injected(job) and await self._template_mutable(job_key, job):
+        elif self.integration.injected(job) and await self._template_mutable(job_key, job):
             await self._restore_template(job, workload)
 
     async def _create_workload(self, job: dict[str, Any]) -> None:
-        if not (job.get("spec") or {}).get("suspend"):
+        if not self.integration.suspended(job):
             # Created while the webhook was unavailable: suspend it before anything runs.
-            await self._patch_job(
-                job, [{"op": "add", "path": "/spec/suspend", "value": True}], "suspend"
-            )
+            await self._patch_job(job, self.integration.suspend_patch(job), "suspend")
         job_key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
         try:
             priority = jobs.resolve_priority(
@@ -333,7 +351,9 @@ class JobController:
             )
             raise RetryLater(str(error)) from error
 
-    async def _refuse(self, job: dict[str, Any], reason: str, message: str) -> None:
+    async def _refuse(
+        self, job: dict[str, Any], reason: str, message: str, *, warning: bool = True
+    ) -> None:
         """No Workload for this Job as it is: say why on the Job, once per Job version (the
         Job's next change, or the missing object's creation, tries again)."""
         metadata = job["metadata"]
@@ -343,55 +363,33 @@ class JobController:
             return
         self._refused[job_key] = seen
         logger.warning("event=job_refused job=%s reason=%s message=%r", job_key, reason, message)
-        await self.writer.event(job, reason=reason, message=message, warning=True)
+        await self.writer.event(job, reason=reason, message=message, warning=warning)
 
     async def _start_job(
         self, job: dict[str, Any], workload: dict[str, Any], admission: dict[str, Any]
     ) -> None:
-        assignments = admission.get("podSetAssignments") or []
-        psa = next((a for a in assignments if a.get("name") == jobs.MAIN_POD_SET), None)
-        if psa is None:
+        del admission  # read from the Workload with its admission checks' podSetUpdates
+        injections = integration.injections(workload, flavors=self.state.objects["ResourceFlavor"])
+        patch = self.integration.start_patch(
+            job, workload_name=workload["metadata"]["name"], injections=injections
+        )
+        if not patch:
             return
-        node_labels: dict[str, str] = {}
-        tolerations: list[dict[str, Any]] = []
-        for flavor_name in sorted(set((psa.get("flavors") or {}).values())):
-            flavor = self.state.get("ResourceFlavor", flavor_name) or {}
-            fspec = flavor.get("spec") or {}
-            node_labels.update(fspec.get("nodeLabels") or {})
-            for toleration in fspec.get("tolerations") or ():
-                if toleration not in tolerations:
-                    tolerations.append(toleration)
-        # What the admission checks ask for (a ProvisioningRequest's node selector and
-        # annotations), over the flavors', as Kueue applies podSetUpdates at start.
-        updates = PodSetChanges.of(
-            (workload.get("status") or {}).get("admissionChecks"), jobs.MAIN_POD_SET
-        )
-        node_labels.update(updates.node_selector)
-        tolerations.extend(t for t in updates.tolerations if t not in tolerations)
-        injection = jobs.FlavorInjection(
-            pod_set=jobs.MAIN_POD_SET,
-            count=int(psa.get("count") or 0) or jobs.workload_count(workload),
-            node_labels=node_labels,
-            tolerations=tolerations,
-            topology_gated=bool(psa.get("topologyAssignment")),
-            labels=updates.labels,
-            annotations=updates.annotations,
-        )
-        patch = jobs.admission_patch(
-            job, workload_name_=workload["metadata"]["name"], injection=injection
-        )
         if await self._patch_job(job, patch, "start"):
+            flavors = {
+                flavor
+                for injected in injections.values()
+                for flavor in _assigned_flavors(workload, injected.pod_set)
+            }
             logger.info(
                 "event=job_started job=%s/%s flavors=%s",
                 job["metadata"]["namespace"],
                 job["metadata"]["name"],
-                ",".join(sorted(set((psa.get("flavors") or {}).values()))),
+                ",".join(sorted(flavors)),
             )
 
     async def _stop_job(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
-        if await self._patch_job(
-            job, [{"op": "add", "path": "/spec/suspend", "value": True}], "suspend"
-        ):
+        if await self._patch_job(job, self.integration.suspend_patch(job), "suspend"):
             logger.info(
                 "event=job_suspended job=%s/%s",
                 job["metadata"]["namespace"],
@@ -455,17 +453,11 @@ class JobController:
 
     async def _restore_template(self, job: dict[str, Any], workload: dict[str, Any]) -> None:
         pod_sets = (workload.get("spec") or {}).get("podSets") or []
-        main = next((p for p in pod_sets if p.get("name") == jobs.MAIN_POD_SET), None)
-        if main is None:
-            return
-        patch = jobs.restore_patch(
-            job,
-            original_template=main.get("template") or {},
-            original_parallelism=int(main.get("count", 1)),
-        )
-        await self._patch_job(job, patch, "restore")
+        patch = self.integration.restore_patch(job, pod_sets=pod_sets)
+        if patch:
+            await self._patch_job(job, patch, "restore")
 
-    async def _finish(self, wl_key: str, finish: jobs.JobFinish) -> None:
+    async def _finish(self, wl_key: str, finish: integration.Finish) -> None:
         now = int(time.time() * 1000)
 
         def build(current: dict[str, Any]) -> dict[str, Any] | None:
@@ -552,13 +544,9 @@ def _owner_job_key(workload: dict[str, Any]) -> str | None:
     return None
 
 
-def _template_injected(job: dict[str, Any]) -> bool:
-    """Whether the Job's template carries an admission that must be taken back: the marks a
-    start writes, Phalanx's ``kueue.x-k8s.io/workload`` annotation or the
-    ``kueue.x-k8s.io/podset`` label (Kueue writes the label at every start and the annotation
-    only with TAS, so a Job Kueue started before a move to Phalanx has at least the label)."""
-    template = (job.get("spec") or {}).get("template") or {}
-    metadata = template.get("metadata") or {}
-    return jobs.WORKLOAD_ANNOTATION in (metadata.get("annotations") or {}) or (
-        jobs.PODSET_LABEL in (metadata.get("labels") or {})
-    )
+def _assigned_flavors(workload: dict[str, Any], pod_set: str) -> set[str]:
+    admission = (workload.get("status") or {}).get("admission") or {}
+    for psa in admission.get("podSetAssignments") or ():
+        if psa.get("name") == pod_set:
+            return set((psa.get("flavors") or {}).values())
+    return set()

@@ -320,7 +320,14 @@ class PhalanxOperator:
             pending_min_interval=self.config.pending_message_min_interval,
         )
         self.jobs = (
-            JobController(write_api, self.state, self.writer, self.metrics, ready=self.synced_event)
+            JobController(
+                write_api,
+                self.state,
+                self.writer,
+                self.metrics,
+                ready=self.synced_event,
+                frameworks=self.config.frameworks,
+            )
             if self.config.manage_jobs
             else None
         )

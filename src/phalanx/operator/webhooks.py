@@ -8,7 +8,7 @@ webhooks are stateless, so every replica can serve them.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -118,9 +118,16 @@ def webhook_server(config: WebhookConfig) -> PhalanxWebhookServer:
 
 
 def register_webhooks(
-    registry: kopf.OperatorRegistry, *, validator: Validator, persistent: bool = False
+    registry: kopf.OperatorRegistry,
+    *,
+    validator: Validator,
+    persistent: bool = False,
+    frameworks: Collection[str] = ("batch/job",),
 ) -> None:
     """Add the mutating Job webhook and the validating webhooks to a kopf registry.
+
+    The Job webhooks only while ``batch/job`` is among the enabled ``frameworks``: a Job of a
+    disabled integration is left alone, so it must not be suspended either.
 
     ``persistent``: keep them in the webhook configuration when this process exits cleanly.
     Behind a Service (in a cluster) that is what must happen: kopf otherwise removes them on
@@ -129,6 +136,15 @@ def register_webhooks(
     its own loopback URL (the local control plane) must not leave them pointing at itself.
     """
 
+    if "batch/job" in frameworks:
+        _register_job_webhooks(registry, persistent=persistent)
+    for plural, kind in KUEUE_KINDS:
+        _register_validation(
+            registry, plural=plural, kind=kind, validator=validator, persistent=persistent
+        )
+
+
+def _register_job_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool) -> None:
     @kopf.on.mutate(
         "batch",
         "v1",
@@ -159,11 +175,6 @@ def register_webhooks(
         if errors:
             name = body.get("metadata", {}).get("name", "")
             raise kopf.AdmissionError(f"Job {name!r} is invalid: " + "; ".join(errors), code=422)
-
-    for plural, kind in KUEUE_KINDS:
-        _register_validation(
-            registry, plural=plural, kind=kind, validator=validator, persistent=persistent
-        )
 
 
 def _register_validation(

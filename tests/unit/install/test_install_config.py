@@ -72,7 +72,7 @@ def test_kueues_process_sections_are_read_past_and_named():
             "fairSharing.preemptionStrategies[0]: must be one of",
         ),
         ({"integrations": {"frameworks": ["batch/job", "ray.io/rayjob"]}}, "frameworks[1]:"),
-        ({"integrations": {"frameworks": []}}, "integrations.frameworks: must include batch/job"),
+        ({"integrations": {"frameworks": ["batch/jobs"]}}, "not one of Kueue's framework names"),
         ({"manageJobsWithoutQueueName": True}, "manageJobsWithoutQueueName: Phalanx manages"),
         (
             {
