@@ -39,6 +39,8 @@ from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.podlabel import ServingLabel
+from phalanx.operator.podsync import FRAMEWORK as FRAMEWORK_POD
+from phalanx.operator.podsync import PodGroupController
 from phalanx.operator.provisioning import ProvisioningController
 from phalanx.operator.queuestatus import QueueStatus
 from phalanx.operator.serving import Endpoints, metrics_cert_folder
@@ -331,6 +333,18 @@ class PhalanxOperator:
             if self.config.manage_jobs
             else None
         )
+        self.pod_groups = (
+            PodGroupController(
+                write_api,
+                self.state,
+                self.writer,
+                self.metrics,
+                ready=self.synced_event,
+                enabled=FRAMEWORK_POD in self.config.frameworks,
+            )
+            if self.config.manage_jobs
+            else None
+        )
         self.ungate = GateRemover(write_api, self.state, self.metrics)
         self.provisioning = ProvisioningController(write_api, self.state, self.writer)
         self.loop = SchedulingLoop(
@@ -378,6 +392,7 @@ class PhalanxOperator:
             for c in (
                 self.writer,
                 self.jobs,
+                self.pod_groups,
                 self.ungate,
                 self.queue_status,
                 self.loop,

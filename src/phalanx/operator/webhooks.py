@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp.web
 import kopf
 
-from phalanx.operator import jobs
+from phalanx.operator import jobs, pods
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import WebhookConfig
 from phalanx.operator.job_validation import validate_job
@@ -138,10 +138,31 @@ def register_webhooks(
 
     if "batch/job" in frameworks:
         _register_job_webhooks(registry, persistent=persistent)
+    if "pod" in frameworks:
+        _register_pod_webhook(registry, persistent=persistent)
     for plural, kind in KUEUE_KINDS:
         _register_validation(
             registry, plural=plural, kind=kind, validator=validator, persistent=persistent
         )
+
+
+def _register_pod_webhook(registry: kopf.OperatorRegistry, *, persistent: bool) -> None:
+    @kopf.on.mutate(
+        "",
+        "v1",
+        "pods",
+        id="gate-queued-pods",
+        operations=["CREATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def gate_pod(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        # Kueue's rule: a queued Pod is created gated; admission of its whole group ungates it.
+        defaults = pods.admission_defaults(body)
+        patch.setdefault("metadata", {})["labels"] = defaults["labels"]
+        patch["metadata"]["annotations"] = defaults["annotations"]
+        patch.setdefault("spec", {})["schedulingGates"] = defaults["schedulingGates"]
 
 
 def _register_job_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool) -> None:
