@@ -9,10 +9,12 @@ from typing import Any
 
 import kopf
 import pytest
+from kopf._cogs.structs import references
+from kopf._core.engines.admission import build_webhooks
 from kopf._core.intents.causes import WebhookType
 from test_operator_jobsync_flow import ScriptedApi, a_job
 
-from phalanx.operator import integration, jobs
+from phalanx.operator import integration, jobs, webhook_policy
 from phalanx.operator.configfile import ConfigFileError, parse
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.metrics import Metrics
@@ -221,3 +223,35 @@ def test_integrations_frameworks_enables_kinds_by_kueues_names() -> None:
         parse(_config(["batch/job", "jobset.x-k8s.io/jobset"]))
     with pytest.raises(ConfigFileError, match="not one of Kueue's framework names"):
         parse(_config(["JobSet"]))
+
+
+def test_the_pod_webhook_gates_labelled_pods_outside_system_namespaces() -> None:
+    registry = kopf.OperatorRegistry()
+    register_webhooks(registry, validator=lambda obj: [], frameworks=("batch/job", "pod"))
+    handlers = [
+        h for h in registry._webhooks.get_all_handlers() if h.reason == WebhookType.MUTATING
+    ]
+    resources = [
+        references.Resource(group="", version="v1", plural="pods", namespaced=True),
+        references.Resource(group="batch", version="v1", plural="jobs", namespaced=True),
+    ]
+    built = build_webhooks(
+        handlers,
+        resources=resources,
+        name_suffix="phalanx.kueue.x-k8s.io",
+        client_config={"url": "https://127.0.0.1:9443"},
+    )
+    policy = webhook_policy.WebhookPolicy(
+        namespace_selector=webhook_policy.default_namespace_selector("phalanx-system")
+    )
+    (webhook,) = [w for w in policy.apply(built) if w["name"].startswith("gate-queued-pods")]
+    assert webhook["rules"][0]["resources"] == ["pods"]
+    assert webhook["rules"][0]["operations"] == ["CREATE"]
+    assert webhook["objectSelector"] == {
+        "matchExpressions": [{"key": "kueue.x-k8s.io/queue-name", "operator": "Exists"}]
+    }
+    (excluded,) = webhook["namespaceSelector"]["matchExpressions"]
+    assert set(excluded["values"]) == {"kube-system", "phalanx-system"}
+    only_jobs = kopf.OperatorRegistry()
+    register_webhooks(only_jobs, validator=lambda obj: [], frameworks=("batch/job",))
+    assert "gate-queued-pods" not in {h.id for h in only_jobs._webhooks.get_all_handlers()}
