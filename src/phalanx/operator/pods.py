@@ -39,6 +39,7 @@ __all__ = [
     "group_finish",
     "group_of",
     "group_pod_sets",
+    "owned_by_controller",
     "pod_set_of",
     "role_hash",
     "start_patch",
@@ -76,11 +77,20 @@ class Group:
         return f"{self.namespace}/{self.name}"
 
 
+def owned_by_controller(pod: Mapping[str, Any]) -> bool:
+    """Whether a controller (a Job, a ReplicaSet, ...) made the Pod: its owner is queued, or
+    not, as a whole, so the pod integration leaves it alone (a Job's pods may carry the
+    queue label from its template)."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
+    return any(o.get("controller") for o in owners)
+
+
 def group_of(pod: Mapping[str, Any]) -> Group | None:
-    """The queued Pod's group; None for a Pod without a queue name (not Phalanx's)."""
+    """The queued Pod's group; None for a Pod without a queue name, or made by a controller
+    (not the pod integration's)."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    if not labels.get(integration.QUEUE_LABEL):
+    if not labels.get(integration.QUEUE_LABEL) or owned_by_controller(pod):
         return None
     group = labels.get(GROUP_NAME_LABEL)
     if group:

@@ -159,6 +159,8 @@ def _register_pod_webhook(registry: kopf.OperatorRegistry, *, persistent: bool) 
     )
     async def gate_pod(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         # Kueue's rule: a queued Pod is created gated; admission of its whole group ungates it.
+        if pods.owned_by_controller(body):
+            return  # a Job's (or another controller's) pod: its owner is what is queued
         defaults = pods.admission_defaults(body)
         patch.setdefault("metadata", {})["labels"] = defaults["labels"]
         patch["metadata"]["annotations"] = defaults["annotations"]

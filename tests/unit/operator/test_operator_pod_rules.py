@@ -57,6 +57,11 @@ def test_a_pod_without_a_queue_name_is_not_ours() -> None:
     assert pods.group_of(pod) is None
     assert pods.group_of(a_pod("p")) == GROUP
     assert pods.group_of(a_pod("p", group=None)) == pods.Group("ns", "p", is_group=False)
+    of_a_job = a_pod("train-0")
+    of_a_job["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u", "controller": True}
+    ]
+    assert pods.group_of(of_a_job) is None, "a Job's pod was taken for a pod group"
 
 
 def test_the_webhook_gates_and_marks_a_queued_pod() -> None:
