@@ -215,3 +215,31 @@ def test_a_single_pod_gets_kueues_workload_name_and_runs_once_admitted(
         timeout=90,
         log=op.log_tail,
     )
+
+
+def test_a_queued_pod_of_a_disabled_integration_is_left_alone_with_an_event(
+    cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path, namespace: str
+) -> None:
+    # The default frameworks: batch/job only, as in Kueue.
+    op = start_operator(cluster, tmp_path, name="pods-disabled")
+    try:
+        apply(cluster, group_pod("loner", group="lone", total=1), namespace=namespace)
+        event = wait_for(
+            "the IntegrationNotEnabled event on the pod",
+            lambda: next(
+                (
+                    e
+                    for e in get_list(cluster, "events", namespace)
+                    if e.get("reason") == "IntegrationNotEnabled"
+                ),
+                None,
+            ),
+            log=op.log_tail,
+        )
+        assert event["involvedObject"]["name"] == "loner"
+        assert "'pod' is not enabled" in event["message"]
+        (pod,) = pods_of(cluster, namespace, "lone")
+        assert not gated(pod), "a Pod of a disabled integration was gated"
+        assert not workloads(cluster, namespace), "a Workload was made for it"
+    finally:
+        op.stop()
