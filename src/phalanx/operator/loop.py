@@ -44,6 +44,7 @@ from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.oracle import TopologyOracle
+from phalanx.operator.podsync import PodGroupController
 from phalanx.operator.retry import Backoff
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusFn, StatusWriter, WriteOutcome
@@ -77,6 +78,7 @@ class SchedulingLoop:
         writer: StatusWriter,
         jobs: JobController | None,
         metrics: Metrics,
+        pod_groups: PodGroupController | None = None,
         config: OperatorConfig,
         validator: Callable[[dict[str, Any]], list[str]] | None = None,
         wait_synced: Callable[[], Any] | None = None,
@@ -85,6 +87,7 @@ class SchedulingLoop:
         self.state = state
         self.writer = writer
         self.jobs = jobs
+        self.pod_groups = pod_groups
         self.metrics = metrics
         self.config = config
         self.oracle = TopologyOracle(balanced_placement=config.tas_balanced_placement)
@@ -441,6 +444,8 @@ class SchedulingLoop:
                 self.evicting.pop(key, None)
                 continue
             if self.jobs is not None and not self.jobs.job_stopped(workload):
+                continue
+            if self.pod_groups is not None and not self.pod_groups.stopped(workload):
                 continue
             eviction.released_at = now
             if eviction.backoff:  # read here, between cycles, not from the write task

@@ -118,6 +118,16 @@ class PodGroupController:
             else:
                 self._failures.pop(key, None)
 
+    # -- what the scheduling loop asks ----------------------------------------------------------
+
+    def stopped(self, workload: dict[str, Any]) -> bool:
+        """An evicted Workload's pods are gone, but for those still gated (they never ran):
+        its quota may be released. A Workload that no Pod owns is not this controller's."""
+        group_key = _group_key_of_workload(workload)
+        if group_key is None:
+            return True
+        return all(pods.gated(p) for p in self._live_pods(group_key))
+
     # -- reconcile ------------------------------------------------------------------------------
 
     def _live_pods(self, group_key: str) -> list[dict[str, Any]]:

@@ -352,6 +352,7 @@ class PhalanxOperator:
             state=self.state,
             writer=self.writer,
             jobs=self.jobs,
+            pod_groups=self.pod_groups,
             metrics=self.metrics,
             config=self.config,
             validator=self.validate_object,

@@ -183,3 +183,30 @@ def test_a_group_ends_when_every_pod_is_terminal() -> None:
     solo = pods.Group("ns", "solo", is_group=False)
     ended = pods.group_finish(solo, [a_pod("solo", group=None, phase="Failed")], total=1)
     assert ended is not None and not ended.succeeded
+
+
+def test_an_evicted_groups_quota_waits_for_its_running_pods_to_go() -> None:
+    from phalanx.operator.podsync import PodGroupController
+    from phalanx.operator.state import ClusterState
+
+    state = ClusterState()
+    controller = PodGroupController(None, state, None, None)  # type: ignore[arg-type]
+    members = [a_pod("a"), a_pod("b"), a_pod("c")]
+    workload = pods.workload_for_group(GROUP, members, priority=0, priority_ref=None)
+    running = jsonpatch.apply_patch(
+        members[0],
+        pods.start_patch(
+            members[0],
+            workload_name="g",
+            injection=integration.FlavorInjection(
+                pod_set="x", count=3, node_labels={}, tolerations=[], topology_gated=False
+            ),
+        ),
+    )
+    for pod in [running, *members[1:]]:
+        state.apply("Pod", "ADDED", pod)
+    assert not controller.stopped(workload), "released while a pod of the group runs"
+    state.apply("Pod", "DELETED", running)
+    assert controller.stopped(workload), "the gated pods never ran: nothing to wait for"
+    job_owned = {"metadata": {"namespace": "ns", "name": "w", "ownerReferences": []}}
+    assert controller.stopped(job_owned)
