@@ -34,8 +34,16 @@ POOL = "phx-podgroups"
 GATE = "kueue.x-k8s.io/admission"
 
 
-def group_pod(name: str, *, group: str, total: int, run_seconds: str = "3") -> dict[str, Any]:
-    return {
+def group_pod(
+    name: str,
+    *,
+    group: str,
+    total: int,
+    run_seconds: str = "3",
+    gpus: int = 1,
+    priority_class: str | None = None,
+) -> dict[str, Any]:
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -56,13 +64,16 @@ def group_pod(name: str, *, group: str, total: int, run_seconds: str = "3") -> d
                     "name": "w",
                     "image": "example.invalid/w:1",
                     "resources": {
-                        "requests": {"cpu": "1", "nvidia.com/gpu": "1"},
-                        "limits": {"nvidia.com/gpu": "1"},
+                        "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
+                        "limits": {"nvidia.com/gpu": str(gpus)},
                     },
                 }
             ],
         },
     }
+    if priority_class:
+        pod["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = priority_class
+    return pod
 
 
 def gated(pod: dict[str, Any]) -> bool:
@@ -243,3 +254,84 @@ def test_a_queued_pod_of_a_disabled_integration_is_left_alone_with_an_event(
         assert not workloads(cluster, namespace), "a Workload was made for it"
     finally:
         op.stop()
+
+
+def test_a_preempted_group_loses_its_pods_before_its_quota(
+    cluster: ClusterHandle,
+    namespace: str,
+    pod_operator: tuple[str, OperatorProcess],
+    cleanup: list[str],
+) -> None:
+    cq_name, op = pod_operator
+    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
+    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    apply(
+        cluster,
+        *(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": n},
+                "value": v,
+            }
+            for n, v in ((low, 10), (high, 1000))
+        ),
+        cluster_queue(
+            cq_name,
+            flavor_name=POOL,
+            gpus=8,
+            preemption={"withinClusterQueue": "LowerPriority"},
+        ),
+    )
+    apply(cluster, local_queue("lq", cluster_queue_name=cq_name), namespace=namespace)
+    apply(
+        cluster,
+        *(
+            group_pod(
+                f"low-{i}", group="low", total=4, gpus=2, run_seconds="3600", priority_class=low
+            )
+            for i in range(4)
+        ),
+        namespace=namespace,
+    )
+    wait_for(
+        "the low group running",
+        lambda: (
+            (ps := pods_of(cluster, namespace, "low"))
+            and len(ps) == 4
+            and all(p["spec"].get("nodeName") for p in ps)
+        ),
+        log=op.log_tail,
+    )
+    apply(
+        cluster,
+        *(
+            group_pod(
+                f"high-{i}", group="high", total=2, gpus=4, run_seconds="3600", priority_class=high
+            )
+            for i in range(2)
+        ),
+        namespace=namespace,
+    )
+    evicted = wait_for(
+        "the low group preempted",
+        lambda: (
+            (w := workloads(cluster, namespace).get("low"))
+            and (c := condition(w, "Evicted"))
+            and c["status"] == "True"
+            and w
+        ),
+        log=op.log_tail,
+    )
+    assert condition(evicted, "Preempted") is not None
+    wait_for(
+        "the high group admitted and running",
+        lambda: (
+            (w := workloads(cluster, namespace).get("high"))
+            and is_true(w, "Admitted")
+            and (ps := pods_of(cluster, namespace, "high"))
+            and all(not gated(p) for p in ps)
+        ),
+        log=op.log_tail,
+    )
+    assert pods_of(cluster, namespace, "low") == [], "the preempted group's pods stayed"
