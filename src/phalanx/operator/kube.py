@@ -267,13 +267,22 @@ class KubeApi:
         return await self.request("PATCH", path, body=patch, content_type=content_type)
 
     async def list_all(
-        self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Every object of a kind, paginated; for one-off reads (tests, CLI), not the informer."""
+        """Every object of a kind, paginated; for one-off reads (tests, CLI), not the informer.
+        One object by name is ``field_selector="metadata.name=<name>"``: a list, which needs
+        no ``get`` rule."""
         items: list[dict[str, Any]] = []
         params: dict[str, str] = {"limit": "500"}
         if label_selector:
             params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
         while True:
             page = await self.request("GET", resource.path(namespace=namespace), params=params)
             items.extend(page.get("items") or ())

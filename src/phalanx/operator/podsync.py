@@ -295,12 +295,11 @@ class PodGroupController:
                 label_selector=f"{pods.GROUP_NAME_LABEL}={group.name}",
             )
         else:
-            try:
-                everyone = [await self.api.get(PODS, group.name, namespace=group.namespace)]
-            except ApiError as error:
-                if not error.not_found:
-                    raise
-                everyone = []
+            # A list by name, not a get: the operator's role grants pods list, watch, patch
+            # and delete only (manifests/base/rbac.yaml).
+            everyone = await self.api.list_all(
+                PODS, namespace=group.namespace, field_selector=f"metadata.name={group.name}"
+            )
         finish = pods.group_finish(group, everyone, total=total)
         if finish is None:
             return

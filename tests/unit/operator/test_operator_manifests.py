@@ -219,6 +219,86 @@ def test_the_role_grants_the_lease_verbs_the_elector_uses_in_the_operator_namesp
     ]
 
 
+def _pod_calls_of_the_pod_controller() -> list[tuple[str, str]]:
+    """Run the pod controller's reads and writes (finish a group and a single Pod that left
+    the informer, start a gated pod, stop an evicted group) against a recording fake."""
+    from phalanx.operator import integration, pods
+    from phalanx.operator.podsync import PodGroupController
+    from phalanx.operator.state import ClusterState
+    from phalanx.operator.writer import WriteOutcome
+
+    sent: list[tuple[str, str]] = []
+
+    class RecordingApi:
+        get = KubeApi.get
+        patch = KubeApi.patch
+        delete = KubeApi.delete
+        list_all = KubeApi.list_all
+
+        async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+            sent.append((method, path))
+            if method == "GET":
+                return {"items": [], "metadata": {}}
+            return {"metadata": {"name": path.rsplit("/", 1)[-1], "namespace": "ns"}}
+
+    class Writer:
+        async def apply_status(self, key: str, build: Any, *, verb: str) -> WriteOutcome:
+            return WriteOutcome(ok=True)
+
+    def pod(name: str, group: str | None) -> dict[str, Any]:
+        labels = {"kueue.x-k8s.io/queue-name": "lq"}
+        annotations = {}
+        if group:
+            labels[pods.GROUP_NAME_LABEL] = group
+            annotations[pods.GROUP_TOTAL_COUNT_ANNOTATION] = "1"
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "labels": labels},
+            "spec": {"containers": [{"name": "c"}]},
+        }
+        body["metadata"]["annotations"] = annotations
+        defaults = pods.admission_defaults(body)
+        body["metadata"].update(labels=defaults["labels"], annotations=defaults["annotations"])
+        body["spec"]["schedulingGates"] = defaults["schedulingGates"]
+        return body
+
+    controller = PodGroupController(
+        cast(KubeApi, RecordingApi()),
+        ClusterState(),
+        cast(Any, Writer()),
+        cast(Any, type("M", (), {"api_write": lambda *a, **k: None})()),
+    )
+    injection = integration.FlavorInjection(
+        pod_set="main", count=1, node_labels={}, tolerations=[], topology_gated=False
+    )
+    running = {**pod("r", "g"), "spec": {"containers": [{"name": "c"}]}}
+
+    async def run() -> None:
+        await controller._maybe_finish(pods.Group("ns", "g", is_group=True), "ns/g", 1)
+        await controller._maybe_finish(pods.Group("ns", "solo", is_group=False), "ns/s", 1)
+        await controller._start_pod(pod("p", "g"), "g", injection)
+        await controller._stop("ns/g", [running])
+
+    asyncio.run(run())
+    return sent
+
+
+def test_the_role_grants_the_pod_verbs_the_pod_controller_uses():
+    sent = _pod_calls_of_the_pod_controller()
+    assert all("/pods" in path for _, path in sent), sent
+    # A GET of a named pod is a get; of the collection, a list.
+    needed = {("list" if path.endswith("/pods") else HTTP_VERBS[method]) for method, path in sent}
+    assert {"list", "patch", "delete"} <= needed, sent
+    granted = {
+        verb
+        for _, rule in _rules("ClusterRole")
+        if "" in rule.get("apiGroups", ()) and "pods" in rule.get("resources", ())
+        for verb in rule["verbs"]
+    }
+    assert needed <= granted, f"the ClusterRole lacks {needed - granted} on pods: {sent}"
+
+
 def test_webhook_configuration_writes_are_limited_to_the_operators_own():
     own = WebhookConfig().configuration_name
     rules = [
