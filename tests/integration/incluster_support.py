@@ -24,6 +24,11 @@ endpoints (they have no IP); :meth:`InClusterInstall.route_visibility` does the
 EndpointSlice controller's part: it follows the Service's selector over the Pod objects and
 names the host's address and the visibility port of each selected replica.
 
+The operator's ``--config`` is the ConfigMap ``phalanx-config``'s file, as the Deployment
+mounts it; ``frameworks`` replaces its ``integrations.frameworks`` (Kueue's names, for instance
+``pod`` beside ``batch/job``), as an admin enabling an integration edits that ConfigMap. Only
+the local file changes: the ConfigMap in the cluster stays as the overlay ships it.
+
 The API server's audit log (``devcluster/audit-policy.yaml``: every request of a ServiceAccount
 of ``phalanx-system``) says which call the operator made and what it was answered: a 403 in it
 is tied to the verb, resource and name that needed a rule. Its events carry when the request
@@ -258,6 +263,8 @@ class InClusterInstall:
     args: list[str] | None = None
     """The Deployment's arguments to start replicas with (``rendered_deployment_args``);
     None: those of ``manifests/controller/deployment.yaml``."""
+    frameworks: tuple[str, ...] = ()
+    """``integrations.frameworks`` in the ``--config`` file; empty: the ConfigMap's, as is."""
 
     def __post_init__(self) -> None:
         self.audit = AuditLog(Layout(self.cluster.state_dir).audit_log)
@@ -289,7 +296,12 @@ class InClusterInstall:
                 "get", "configmap", "phalanx-config", "-n", NAMESPACE, "-o", "json"
             )
         )
-        self.config.write_text(configmap["data"]["controller_manager_config.yaml"])
+        text = configmap["data"]["controller_manager_config.yaml"]
+        if self.frameworks:
+            settings = yaml.safe_load(text)
+            settings.setdefault("integrations", {})["frameworks"] = list(self.frameworks)
+            text = yaml.safe_dump(settings, sort_keys=False)
+        self.config.write_text(text)
 
     def refresh_token(self) -> str:
         token = self.cluster.kubectl_ok(
@@ -554,9 +566,13 @@ def _point_conversion_at_the_service(cluster: ClusterHandle) -> None:
 
 @contextlib.contextmanager
 def installed(
-    cluster: ClusterHandle, workdir: Path, *, args: list[str] | None = None
+    cluster: ClusterHandle,
+    workdir: Path,
+    *,
+    args: list[str] | None = None,
+    frameworks: tuple[str, ...] = (),
 ) -> Iterator[InClusterInstall]:
-    install = InClusterInstall(cluster, workdir, args=args)
+    install = InClusterInstall(cluster, workdir, args=args, frameworks=frameworks)
     install.apply()
     try:
         yield install

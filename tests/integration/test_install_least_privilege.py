@@ -1,7 +1,10 @@
 """Least privilege, proven: the operator installed from ``manifests/overlays/devcluster`` and
 run as its ServiceAccount (in-cluster-shaped, the Deployment's own arguments, webhooks reached
 through the Service; see ``incluster_support``) runs the whole Job flow, and every rule of
-``manifests/base/rbac.yaml`` is needed by it.
+``manifests/base/rbac.yaml`` is needed by it. The ConfigMap's configuration enables the pod
+integration beside ``batch/job`` (``integrations.frameworks``, Kueue's names; the overlay ships
+Kueue's default, ``batch/job``, and stays as it is): the flow includes a pod group preempted by
+a single Pod, whose pods the operator deletes.
 
 A rule here is one verb on one resource (with its resourceNames, if any). ``RULE_STEPS`` maps
 each to the step of the flow that needs it; a rule of the manifest missing from the map, or
@@ -55,6 +58,7 @@ from operator_fixtures import (
     workload_of,
 )
 from test_operator_admission_checks import PROVISIONING_REQUEST_CRD
+from test_operator_pod_groups import gated, group_pod
 
 from phalanx.devcluster.handle import ClusterHandle
 
@@ -68,6 +72,8 @@ TOPOLOGY = "phx-lp-topology"
 LOW, HIGH = "phx-lp-low", "phx-lp-high"
 PLAIN, CHECKED, CHECK, PRC = "phx-lp-plain", "phx-lp-checked", "phx-lp-check", "phx-lp-prc"
 REFUSE_STATUS = "phx-lp-refuse-workload-status"
+FRAMEWORKS = ("batch/job", "pod")
+GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 PROVREQ = "provisioningrequests.autoscaling.x-k8s.io"
 
 
@@ -452,6 +458,84 @@ class Flow:
             ),
         )
 
+    def pod_group(self) -> None:
+        """The pod integration: a queued 2-pod group, gated and marked by the webhook (through
+        the Service), its Workload created once complete (owned by its pods), admitted, its
+        pods ungated and running. A higher-priority single Pod needing the whole quota
+        preempts it: the group's running pods are deleted (a Pod cannot be held again), the
+        Pod admitted, run and Finished (read back by a list by name once it left the
+        informer); the group's Workload goes with its pods."""
+        _reset_jobs(self.cluster)
+        apply(
+            self.cluster,
+            *(
+                group_pod(
+                    f"pg-{i}", group="pg", total=2, gpus=4, run_seconds="3600", priority_class=LOW
+                )
+                for i in range(2)
+            ),
+            namespace=NS,
+        )
+        self.wait(
+            "the group's pods are marked by the webhook",
+            lambda: (
+                len(pods := _group_pods(self.cluster, "pg")) == 2
+                and all(
+                    p["metadata"]["labels"].get("kueue.x-k8s.io/managed") == "true" for p in pods
+                )
+            ),
+        )
+        workload = self.wait("the group's Workload", lambda: _pod_workload(self.cluster, "pg"))
+        assert sorted(o["name"] for o in workload["metadata"]["ownerReferences"]) == [
+            "pg-0",
+            "pg-1",
+        ]
+        self.wait(
+            "the group is admitted",
+            lambda: (w := _pod_workload(self.cluster, "pg")) and is_true(w, "Admitted"),
+        )
+        self.wait(
+            "the group's pods are ungated and running",
+            lambda: (
+                len(pods := _group_pods(self.cluster, "pg")) == 2
+                and all(
+                    not gated(p)
+                    and not p["spec"].get("schedulingGates")
+                    and p["status"].get("phase") == "Running"
+                    for p in pods
+                )
+            ),
+        )
+        solo = group_pod("solo", group="-", total=1, gpus=8, run_seconds="2", priority_class=HIGH)
+        del solo["metadata"]["labels"][GROUP_LABEL]
+        apply(self.cluster, solo, namespace=NS)
+        # The Event, not the condition: once its pods are deleted the garbage collector may
+        # take the group's Workload before a poll sees it Preempted.
+        self.wait(
+            "the group is preempted (its Event)", lambda: _event(self.cluster, "pg", "Preempted")
+        )
+        self.wait(
+            "the preempted group's pods are deleted",
+            lambda: not _group_pods(self.cluster, "pg"),
+        )
+        self.wait(
+            "the single Pod is admitted",
+            lambda: (
+                (w := _pod_workload(self.cluster, "pod-solo-"))
+                and (is_true(w, "Admitted") or is_true(w, "Finished"))
+            ),
+        )
+        self.wait(
+            "the single Pod's Workload is Finished",
+            lambda: (w := _pod_workload(self.cluster, "pod-solo-")) and is_true(w, "Finished"),
+            timeout=60,
+        )
+        self.wait(
+            "the preempted group's Workload goes with its pods (the garbage collector)",
+            lambda: _pod_workload(self.cluster, "pg") is None,
+            timeout=60,
+        )
+
     def metrics(self) -> None:
         """/metrics over HTTPS: the reader's token gets 200 (a TokenReview, then a
         SubjectAccessReview)."""
@@ -482,6 +566,7 @@ FLOW = (
     "readback",
     "checked",
     "rejected",
+    "pod_group",
     "metrics",
     "renew",
     "shutdown",
@@ -499,6 +584,7 @@ STEPS: dict[str, Callable[[Flow], None]] = {
     "readback": Flow.readback,
     "checked": Flow.checked,
     "rejected": Flow.rejected,
+    "pod_group": Flow.pod_group,
 }
 # What a step needs done before it, with every rule in place.
 BEFORE: dict[str, tuple[str, ...]] = {
@@ -513,6 +599,7 @@ BEFORE: dict[str, tuple[str, ...]] = {
     "readback": ("start", "ensure_queues"),
     "checked": ("start", "ensure_queues"),
     "rejected": ("start", "ensure_queues", "checked"),
+    "pod_group": ("start", "ensure_queues"),
 }
 KUEUE = "kueue.x-k8s.io"
 CLUSTER_ROLE = "ClusterRole/phalanx"
@@ -552,6 +639,7 @@ _map(CLUSTER_ROLE, "batch", "jobs/status", "patch", "preempt")
 _map(CLUSTER_ROLE, "batch", "jobs/finalizers", "update", "job")
 _map(CLUSTER_ROLE, "", "pods", "list watch", "start")
 _map(CLUSTER_ROLE, "", "pods", "patch", "job")
+_map(CLUSTER_ROLE, "", "pods", "delete", "pod_group")
 _map(CLUSTER_ROLE, "", "nodes namespaces", "list watch", "start")
 _map(CLUSTER_ROLE, "scheduling.k8s.io", "priorityclasses", "list watch", "start")
 _map(CLUSTER_ROLE, "", "events", "create", "job")
@@ -740,6 +828,30 @@ def _running(cluster: ClusterHandle, job: str, count: int) -> bool:
     return len(running) == count
 
 
+def _group_pods(cluster: ClusterHandle, group: str) -> list[dict[str, Any]]:
+    return list(
+        json.loads(
+            cluster.kubectl_ok(
+                "get", "pods", "-n", NS, "-l", f"{GROUP_LABEL}={group}", "-o", "json"
+            )
+        )["items"]
+    )
+
+
+def _pod_workload(cluster: ClusterHandle, name: str) -> dict[str, Any] | None:
+    """The pod integration's Workload: a group's is named after it; a single Pod's starts
+    ``pod-<name>-``."""
+    items = json.loads(
+        cluster.kubectl_ok("get", "workloads.kueue.x-k8s.io", "-n", NS, "-o", "json")
+    )["items"]
+    for workload in items:
+        if workload["metadata"]["name"] == name or (
+            name.endswith("-") and workload["metadata"]["name"].startswith(name)
+        ):
+            return dict(workload)
+    return None
+
+
 def _lease(cluster: ClusterHandle) -> dict[str, Any]:
     return json_of(cluster, "lease", "phalanx-scheduler", "-n", NAMESPACE)
 
@@ -823,6 +935,8 @@ def flow(
     cluster: ClusterHandle, kueue_crds: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Flow]:
     workdir = tmp_path_factory.mktemp("least-privilege")
+    # An earlier run's namespace may still be terminating (its teardown does not wait).
+    cluster.kubectl("wait", "--for=delete", f"namespace/{NS}", "--timeout=120s")
     cluster.kubectl("create", "namespace", NS)
     cluster.kubectl("create", "serviceaccount", "reader", "-n", NS)
     cluster.kubectl(
@@ -834,7 +948,10 @@ def flow(
     )
     reader = cluster.kubectl_ok("create", "token", "reader", "-n", NS, "--duration=1h").strip()
     cluster.apply_crds([yaml.safe_dump(PROVISIONING_REQUEST_CRD)])
-    with node_pool(cluster, POOL, racks=2, hosts=1), installed(cluster, workdir) as install:
+    with (
+        node_pool(cluster, POOL, racks=2, hosts=1),
+        installed(cluster, workdir, frameworks=FRAMEWORKS) as install,
+    ):
         flow = Flow(cluster=cluster, install=install, reader_token=reader)
         try:
             yield flow
