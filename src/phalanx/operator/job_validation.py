@@ -20,7 +20,7 @@ from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
 from phalanx.api.label_rules import is_qualified_name
 from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
 
-__all__ = ["validate_job"]
+__all__ = ["validate_job", "validate_jobset"]
 
 _REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 _PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
@@ -161,3 +161,43 @@ def _slice_annotations(job: Mapping[str, Any], annotations: Mapping[str, str]) -
         yield f"{where}: must be at least 1; got {size}"
     elif int(size) > _pod_count(job):
         yield f"{where}: must not be greater than the Job's {_pod_count(job)} pods; got {size}"
+
+
+_MAX_POD_SETS: Final = 8
+
+
+def validate_jobset(
+    jobset: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued JobSet, each starting with its field path: the
+    queue name as for a Job, at most 8 replicated jobs (one pod set each), and each replicated
+    job's pod template annotations as for a Job's (paths under
+    ``spec.replicatedJobs[i].template.spec.template``)."""
+    errors = [e.replace("the Job", "the JobSet") for e in _queue_name(jobset, old)]
+    rjobs = list((jobset.get("spec") or {}).get("replicatedJobs") or ())
+    if old is None and len(rjobs) > _MAX_POD_SETS:
+        errors.append(
+            f"spec.replicatedJobs: {len(rjobs)} replicated jobs, but its Workload holds at most"
+            f" {_MAX_POD_SETS} pod sets (one per replicated job); merge or split them"
+        )
+    old_rjobs = {
+        r.get("name"): r for r in ((old or {}).get("spec") or {}).get("replicatedJobs") or ()
+    }
+    for index, rjob in enumerate(rjobs):
+        probe = _replicated_job_as_job(rjob)
+        before = old_rjobs.get(rjob.get("name")) if old is not None else None
+        old_probe = _replicated_job_as_job(before) if before is not None else None
+        where = f"spec.replicatedJobs[{index}].template.spec.template.metadata.annotations"
+        for error in _topology_annotations(probe, old_probe if old is not None else None):
+            errors.append(
+                error.replace(_TEMPLATE_ANNOTATIONS, where).replace("Job's", "replicated job's")
+            )
+    return errors
+
+
+def _replicated_job_as_job(rjob: Mapping[str, Any]) -> dict[str, Any]:
+    """A replicated job seen as one Job of all its replicas' pods (its pod set)."""
+    job_spec = (rjob.get("template") or {}).get("spec") or {}
+    replicas = rjob.get("replicas")
+    pods = (1 if replicas is None else int(replicas)) * _pod_count({"spec": job_spec})
+    return {"spec": {"template": job_spec.get("template") or {}, "parallelism": pods}}

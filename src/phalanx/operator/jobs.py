@@ -43,6 +43,7 @@ __all__ = [
     "resolve_priority",
     "restore_patch",
     "start_time_clearable",
+    "topology_request",
     "workload_count",
     "workload_for_job",
     "workload_name",
@@ -155,7 +156,8 @@ def _pod_count(spec: Mapping[str, Any]) -> int:
     return count
 
 
-def _topology_request(annotations: Mapping[str, str], count: int) -> dict[str, Any] | None:
+def topology_request(annotations: Mapping[str, str], count: int) -> dict[str, Any] | None:
+    """The topology request of a pod template's Kueue annotations (None without one)."""
     request: dict[str, Any] = {}
     for annotation, field_name in _TOPOLOGY_ANNOTATIONS.items():
         if annotations.get(annotation):
@@ -217,7 +219,7 @@ def job_pod_sets(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     min_count = min_parallelism(job)
     if min_count is not None:
         pod_set["minCount"] = min_count
-    topology = _topology_request(
+    topology = topology_request(
         (template.get("metadata") or {}).get("annotations") or {}, pod_set["count"]
     )
     if topology:

@@ -41,6 +41,7 @@ __all__ = [
     "CLUSTER_QUEUES",
     "EVENTS",
     "JOBS",
+    "JOBSETS",
     "LOCAL_QUEUES",
     "NODES",
     "PODS",
@@ -89,6 +90,7 @@ WORKLOADS = Resource(KUEUE, "v1beta2", "workloads")
 CLUSTER_QUEUES = Resource(KUEUE, "v1beta2", "clusterqueues", namespaced=False)
 LOCAL_QUEUES = Resource(KUEUE, "v1beta2", "localqueues")
 JOBS = Resource("batch", "v1", "jobs")
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 EVENTS = Resource("", "v1", "events")

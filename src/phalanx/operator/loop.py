@@ -40,6 +40,7 @@ from phalanx.operator.decision_status import (
     eviction_done_status,
 )
 from phalanx.operator.finalizers import ResourceInUseFinalizers
+from phalanx.operator.jobsetsync import JobSetController
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import KubeApi
 from phalanx.operator.metrics import Metrics
@@ -79,6 +80,7 @@ class SchedulingLoop:
         jobs: JobController | None,
         metrics: Metrics,
         pod_groups: PodGroupController | None = None,
+        jobsets: JobSetController | None = None,
         config: OperatorConfig,
         validator: Callable[[dict[str, Any]], list[str]] | None = None,
         wait_synced: Callable[[], Any] | None = None,
@@ -88,6 +90,7 @@ class SchedulingLoop:
         self.writer = writer
         self.jobs = jobs
         self.pod_groups = pod_groups
+        self.jobsets = jobsets
         self.metrics = metrics
         self.config = config
         self.oracle = TopologyOracle(balanced_placement=config.tas_balanced_placement)
@@ -446,6 +449,8 @@ class SchedulingLoop:
             if self.jobs is not None and not self.jobs.job_stopped(workload):
                 continue
             if self.pod_groups is not None and not self.pod_groups.stopped(workload):
+                continue
+            if self.jobsets is not None and not self.jobsets.stopped(workload):
                 continue
             eviction.released_at = now
             if eviction.backoff:  # read here, between cycles, not from the write task

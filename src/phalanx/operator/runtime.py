@@ -33,8 +33,19 @@ from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.informer import Informer
+from phalanx.operator.jobset import FRAMEWORK as FRAMEWORK_JOBSET
+from phalanx.operator.jobsetsync import JobSetController
 from phalanx.operator.jobsync import JobController
-from phalanx.operator.kube import JOBS, NODES, PODS, WORKLOADS, ApiError, KubeApi, Resource
+from phalanx.operator.kube import (
+    JOBS,
+    JOBSETS,
+    NODES,
+    PODS,
+    WORKLOADS,
+    ApiError,
+    KubeApi,
+    Resource,
+)
 from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
 from phalanx.operator.metrics import Metrics
@@ -139,6 +150,23 @@ class OptionalInformer(Informer):
             self.synced.set()
             if self.on_synced is not None:
                 self.on_synced()
+
+
+class UnreadableOptionalInformer(OptionalInformer):
+    """An :class:`OptionalInformer` that also takes a 403 for an absent kind: the JobSet
+    informer, whose rules are granted only where the JobSet integration is installed (a
+    disabled integration must not hold up the first scheduling cycle, nor stop the
+    operator). The refusal is logged on every retry."""
+
+    async def _relist(self) -> None:
+        try:
+            await super()._relist()
+        except ApiError as error:
+            if error.status != 403:
+                raise
+            logger.warning("event=resource_forbidden resource=%s action=treat_as_empty", self.name)
+            self._absent()
+            raise
 
 
 class Heartbeat:
@@ -345,6 +373,18 @@ class PhalanxOperator:
             if self.config.manage_jobs
             else None
         )
+        self.jobsets = (
+            JobSetController(
+                write_api,
+                self.state,
+                self.writer,
+                self.metrics,
+                ready=self.synced_event,
+                enabled=FRAMEWORK_JOBSET in self.config.frameworks,
+            )
+            if self.config.manage_jobs
+            else None
+        )
         self.ungate = GateRemover(write_api, self.state, self.metrics)
         self.provisioning = ProvisioningController(write_api, self.state, self.writer)
         self.loop = SchedulingLoop(
@@ -353,6 +393,7 @@ class PhalanxOperator:
             writer=self.writer,
             jobs=self.jobs,
             pod_groups=self.pod_groups,
+            jobsets=self.jobsets,
             metrics=self.metrics,
             config=self.config,
             validator=self.validate_object,
@@ -394,6 +435,7 @@ class PhalanxOperator:
                 self.writer,
                 self.jobs,
                 self.pod_groups,
+                self.jobsets,
                 self.ungate,
                 self.queue_status,
                 self.loop,
@@ -408,6 +450,11 @@ class PhalanxOperator:
             self._start_informer(resource, kind, optional=True)
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
+        # JobSets: their CRD may be absent and, with the integration disabled, their rules
+        # too; a queued one then still gets its IntegrationNotEnabled Event where readable.
+        self._start_informer(
+            JOBSETS, "JobSet", label_selector="kueue.x-k8s.io/queue-name", unreadable_ok=True
+        )
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
         if self.conversion is not None:
@@ -505,12 +552,19 @@ class PhalanxOperator:
         label_selector: str | None = None,
         field_selector: str | None = None,
         optional: bool = False,
+        unreadable_ok: bool = False,
     ) -> None:
         assert self.api is not None
         namespaces: tuple[str | None, ...] = (
             self.config.namespaces if resource.namespaced and self.config.namespaces else (None,)
         )
-        factory = OptionalInformer if optional else Informer
+        factory: type[Informer] = (
+            UnreadableOptionalInformer
+            if unreadable_ok
+            else OptionalInformer
+            if optional
+            else Informer
+        )
         for namespace in namespaces:
             informer = factory(
                 self.api,

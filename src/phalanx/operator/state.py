@@ -33,10 +33,11 @@ KINDS = (
     "Namespace",
     "Workload",
     "Job",
+    "JobSet",
     "Pod",
     "Node",
 )
-_NAMESPACED = frozenset({"LocalQueue", "Workload", "Job", "Pod", "ProvisioningRequest"})
+_NAMESPACED = frozenset({"LocalQueue", "Workload", "Job", "JobSet", "Pod", "ProvisioningRequest"})
 
 
 def key_of(kind: str, obj: dict[str, Any]) -> str:

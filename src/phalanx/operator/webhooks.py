@@ -1,4 +1,4 @@
-"""Admission webhooks: suspend queued Jobs at creation; validate the Kueue kinds.
+"""Admission webhooks: suspend queued Jobs and JobSets at creation; validate the Kueue kinds.
 
 Served by kopf's webhook server over TLS. kopf also keeps the Mutating- and
 ValidatingWebhookConfiguration (``settings.admission.managed``) pointing at this process. The
@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 import aiohttp.web
 import kopf
 
-from phalanx.operator import jobs, pods
+from phalanx.operator import jobs, jobset, pods
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import WebhookConfig
-from phalanx.operator.job_validation import validate_job
+from phalanx.operator.job_validation import validate_job, validate_jobset
 
 __all__ = [
     "KUEUE_KINDS",
@@ -140,6 +140,8 @@ def register_webhooks(
         _register_job_webhooks(registry, persistent=persistent)
     if "pod" in frameworks:
         _register_pod_webhook(registry, persistent=persistent)
+    if jobset.FRAMEWORK in frameworks:
+        _register_jobset_webhooks(registry, persistent=persistent)
     for plural, kind in KUEUE_KINDS:
         _register_validation(
             registry, plural=plural, kind=kind, validator=validator, persistent=persistent
@@ -198,6 +200,38 @@ def _register_job_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool)
         if errors:
             name = body.get("metadata", {}).get("name", "")
             raise kopf.AdmissionError(f"Job {name!r} is invalid: " + "; ".join(errors), code=422)
+
+
+def _register_jobset_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool) -> None:
+    @kopf.on.mutate(
+        jobset.GROUP,
+        "v1alpha2",
+        "jobsets",
+        id="suspend-queued-jobsets",
+        operations=["CREATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def suspend_jobset(patch: kopf.Patch, **_: Any) -> None:
+        # Kueue's rule: a queued JobSet is created suspended; admission unsuspends it.
+        patch.setdefault("spec", {})["suspend"] = True
+
+    @kopf.on.validate(
+        jobset.GROUP,
+        "v1alpha2",
+        "jobsets",
+        id="validate-queued-jobsets",
+        operations=["CREATE", "UPDATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def validate_queued_jobset(body: kopf.Body, **kwargs: Any) -> None:
+        errors = validate_jobset(body, old=kwargs.get("old"))
+        if errors:
+            name = body.get("metadata", {}).get("name", "")
+            raise kopf.AdmissionError(f"JobSet {name!r} is invalid: " + "; ".join(errors), code=422)
 
 
 def _register_validation(

@@ -219,8 +219,14 @@ def test_integrations_frameworks_enables_kinds_by_kueues_names() -> None:
         parse({"apiVersion": "config.kueue.x-k8s.io/v1beta1", "kind": "Configuration"}).frameworks
         is None
     )
-    with pytest.raises(ConfigFileError, match="Phalanx integrates batch/job, pod only"):
-        parse(_config(["batch/job", "jobset.x-k8s.io/jobset"]))
+    assert parse(_config(["batch/job", "jobset.x-k8s.io/jobset"])).frameworks == (
+        "batch/job",
+        "jobset.x-k8s.io/jobset",
+    )
+    with pytest.raises(
+        ConfigFileError, match=r"Phalanx integrates batch/job, pod, jobset\.x-k8s\.io/jobset only"
+    ):
+        parse(_config(["batch/job", "kubeflow.org/mpijob"]))
     with pytest.raises(ConfigFileError, match="not one of Kueue's framework names"):
         parse(_config(["JobSet"]))
 

@@ -1,0 +1,373 @@
+"""The JobSet controller (Kueue's ``jobset.x-k8s.io/jobset``): a Workload per queued JobSet,
+start on admission, suspend and restore on eviction, finish on its end. Rules in
+``phalanx.operator.jobset``.
+
+Like the Job controller it reconciles one JobSet at a time from the cached state (a change to
+the JobSet, its Workload or one of its pods queues it), performs at most one write per pass and
+lets the write's echo bring it back. The JobSet controller (``sigs.k8s.io/jobset``) does the
+rest: it creates the child Jobs suspended while the JobSet is, copies the injected templates
+onto them when it resumes them, and suspends them (their pods are deleted) when the JobSet is
+suspended again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from phalanx.operator import conditions as cond
+from phalanx.operator import integration
+from phalanx.operator import jobset as rules
+from phalanx.operator.kube import JOBSETS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
+from phalanx.operator.metrics import Metrics
+from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
+from phalanx.operator.state import ClusterState
+from phalanx.operator.writer import StatusWriter, owned_conditions
+
+__all__ = ["JobSetController"]
+
+_BACKOFF = Backoff()
+_KIND = rules.KIND
+
+logger = logging.getLogger(__name__)
+
+
+class RetryLater(Exception):
+    """A write failed (logged where it failed); the JobSet is tried again later."""
+
+
+class JobSetController:
+    def __init__(
+        self,
+        api: KubeApi,
+        state: ClusterState,
+        writer: StatusWriter,
+        metrics: Metrics,
+        *,
+        ready: asyncio.Event | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.api = api
+        self.integration = rules.JOBSET
+        # Disabled (``integrations.frameworks`` without it): a queued JobSet is left alone,
+        # with an Event saying so.
+        self.enabled = enabled
+        self.state = state
+        self.writer = writer
+        self.metrics = metrics
+        self.ready = ready or asyncio.Event()
+        if ready is None:
+            self.ready.set()
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._pods_of: dict[str, set[str]] = {}  # jobset key -> keys of its live pods
+        self._jobset_of_pod: dict[str, str] = {}
+        self._failures: dict[str, int] = {}
+        self._refused: dict[str, tuple[str, str]] = {}  # key -> (reason, resourceVersion)
+        self._waiting_for_class: dict[str, set[str]] = {}
+        self._task: asyncio.Task[Any] | None = None
+        state.subscribe(self._on_change)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._worker(), name="phalanx-jobsets")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # -- change routing -------------------------------------------------------------------------
+
+    def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
+        if kind == _KIND:
+            if obj is None:
+                self._failures.pop(key, None)
+                self._refused.pop(key, None)
+            self._enqueue(key)
+        elif kind == "Workload" and obj is not None:
+            owner = _owner_key(obj)
+            if owner is not None:
+                self._enqueue(owner)
+        elif kind == "Pod":
+            self._track_pod(key, obj)
+        elif kind == "WorkloadPriorityClass" and obj is not None:
+            for waiting in sorted(self._waiting_for_class.pop(key, ())):
+                self._enqueue(waiting)
+
+    def _track_pod(self, key: str, obj: dict[str, Any] | None) -> None:
+        old = self._jobset_of_pod.pop(key, None)
+        if old is not None:
+            pods = self._pods_of.get(old)
+            if pods is not None:
+                pods.discard(key)
+                if not pods:
+                    del self._pods_of[old]
+                    self._enqueue(old)
+        if obj is None:
+            return
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        name = labels.get(rules.JOBSET_NAME_LABEL)
+        if name:
+            owner = f"{obj['metadata']['namespace']}/{name}"
+            self._jobset_of_pod[key] = owner
+            self._pods_of.setdefault(owner, set()).add(key)
+
+    def _enqueue(self, key: str) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def _worker(self) -> None:
+        await self.ready.wait()
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if isinstance(error, RetryLater | TRANSIENT_ERRORS):
+                    logger.warning("event=jobset_reconcile_failed jobset=%s error=%r", key, error)
+                else:
+                    logger.exception("event=jobset_reconcile_failed jobset=%s", key)
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                asyncio.get_running_loop().call_later(
+                    _BACKOFF.delay(failures - 1), self._enqueue, key
+                )
+            else:
+                self._failures.pop(key, None)
+
+    # -- what the scheduling loop asks ----------------------------------------------------------
+
+    def stopped(self, workload: dict[str, Any]) -> bool:
+        """An evicted Workload's JobSet is suspended, the JobSet controller has acted on it
+        (its ``Suspended`` condition), and none of its pods is left (or it is gone). A
+        Workload no JobSet owns is not this controller's."""
+        key = _owner_key(workload)
+        if key is None:
+            return True
+        obj = self.state.get(_KIND, key)
+        if obj is None:
+            return True
+        return (
+            self.integration.suspended(obj)
+            and cond.is_true((obj.get("status") or {}).get("conditions"), "Suspended")
+            and not self._pods_of.get(key)
+        )
+
+    # -- reconcile ------------------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> None:
+        obj = self.state.get(_KIND, key)
+        if obj is None or self.integration.queue_name(obj) is None:
+            return
+        if not self.enabled:
+            await self._refuse(
+                obj,
+                "IntegrationNotEnabled",
+                integration.disabled_message(framework=rules.FRAMEWORK, kind=_KIND),
+                warning=False,
+            )
+            return
+        wl_key = f"{obj['metadata']['namespace']}/{self.integration.workload_name(obj)}"
+        workload = self.state.get("Workload", wl_key)
+        if workload is None:
+            if rules.needs_workload(obj):
+                await self._create_workload(key, obj)
+            return
+        status = workload.get("status") or {}
+        conditions = status.get("conditions") or []
+        finish = self.integration.finished(obj)
+        if finish is not None:
+            if not cond.is_true(conditions, cond.FINISHED):
+                await self._finish(wl_key, finish)
+            return
+        if cond.is_true(conditions, cond.FINISHED):
+            return
+        admitted = cond.is_true(conditions, cond.ADMITTED) and status.get("admission")
+        evicted = cond.is_true(conditions, cond.EVICTED)
+        suspended = self.integration.suspended(obj)
+        if admitted and not evicted:
+            if suspended:
+                await self._start(obj, workload)
+            else:
+                await self._sync_pods_ready(wl_key, obj)
+            return
+        # Evicted or not admitted: held, with the templates it was created with.
+        if not suspended:
+            if await self._patch(obj, self.integration.suspend_patch(obj), "suspend"):
+                logger.info("event=jobset_suspended jobset=%s", key)
+        elif self.integration.injected(obj):
+            pod_sets = (workload.get("spec") or {}).get("podSets") or []
+            patch = self.integration.restore_patch(obj, pod_sets=pod_sets)
+            if await self._patch(obj, patch, "restore"):
+                logger.info("event=jobset_restored jobset=%s", key)
+
+    async def _create_workload(self, key: str, obj: dict[str, Any]) -> None:
+        if not self.integration.suspended(obj):
+            # Created while the webhook was unavailable: hold it before anything runs.
+            await self._patch(obj, self.integration.suspend_patch(obj), "suspend")
+        try:
+            priority = rules.resolve_priority(
+                obj,
+                workload_priority_classes={
+                    n: int(o.get("value", 0))
+                    for n, o in self.state.objects["WorkloadPriorityClass"].items()
+                },
+                priority_classes={
+                    n: int(o.get("value", 0))
+                    for n, o in self.state.objects["PriorityClass"].items()
+                },
+            )
+            body = integration.workload_manifest(
+                self.integration,
+                obj,
+                pod_sets=self.integration.pod_sets(obj),
+                priority=priority.value,
+                priority_ref=priority.ref,
+            )
+        except rules.jobs.WorkloadPriorityClassNotFound as missing:
+            self._waiting_for_class.setdefault(missing.name, set()).add(key)
+            await self._refuse(obj, "WorkloadPriorityClassNotFound", str(missing))
+            return
+        except rules.InvalidJobSet as invalid:
+            await self._refuse(obj, "InvalidJobSet", str(invalid))
+            return
+        namespace = obj["metadata"]["namespace"]
+        try:
+            created = await self.api.create(WORKLOADS, body, namespace=namespace)
+        except ApiError as error:
+            if error.conflict:
+                return  # created by an earlier pass; its watch event is on the way
+            if error.status == 403 and "being terminated" in str(error):
+                return
+            self.metrics.api_write("Workload", "create", ok=False)
+            logger.warning("event=workload_create_failed jobset=%s error=%r", key, str(error))
+            await self.writer.event(
+                obj, reason="CreatedWorkloadFailed", message=str(error), warning=True
+            )
+            raise RetryLater(str(error)) from error
+        self.metrics.api_write("Workload", "create", ok=True)
+        self.state.apply("Workload", "ADDED", created)
+        logger.info(
+            "event=workload_created jobset=%s workload=%s pod_sets=%d",
+            key,
+            body["metadata"]["name"],
+            len(body["spec"]["podSets"]),
+        )
+
+    async def _refuse(
+        self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = True
+    ) -> None:
+        """Say why the JobSet gets no Workload, once per JobSet version."""
+        metadata = obj["metadata"]
+        key = f"{metadata['namespace']}/{metadata['name']}"
+        seen = (reason, str(metadata.get("resourceVersion", "")))
+        if self._refused.get(key) == seen:
+            return
+        self._refused[key] = seen
+        logger.warning("event=jobset_refused jobset=%s reason=%s message=%r", key, reason, message)
+        await self.writer.event(_with_kind(obj), reason=reason, message=message, warning=warning)
+
+    async def _start(self, obj: dict[str, Any], workload: dict[str, Any]) -> None:
+        injections = integration.injections(workload, flavors=self.state.objects["ResourceFlavor"])
+        patch = self.integration.start_patch(
+            obj, workload_name=workload["metadata"]["name"], injections=injections
+        )
+        if patch and await self._patch(obj, patch, "start"):
+            logger.info(
+                "event=jobset_started jobset=%s/%s pod_sets=%d",
+                obj["metadata"]["namespace"],
+                obj["metadata"]["name"],
+                len(injections),
+            )
+
+    async def _finish(self, wl_key: str, finish: integration.Finish) -> None:
+        now = int(time.time() * 1000)
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            if cond.is_true((current.get("status") or {}).get("conditions"), cond.FINISHED):
+                return None
+            status: dict[str, Any] = {
+                "conditions": cond.finished(
+                    owned_conditions(current),
+                    succeeded=finish.succeeded,
+                    message=finish.message,
+                    now_ms=now,
+                )
+            }
+            admission = (current.get("status") or {}).get("admission")
+            if admission:
+                status["admission"] = admission
+            return status
+
+        outcome = await self.writer.apply_status(wl_key, build, verb="finish")
+        if outcome.ok:
+            logger.info("event=workload_finished workload=%s reason=%s", wl_key, finish.reason)
+        elif outcome.status != 404:
+            raise RetryLater(outcome.error)
+
+    async def _sync_pods_ready(self, wl_key: str, obj: dict[str, Any]) -> None:
+        workload = self.state.get("Workload", wl_key) or {}
+        ready = rules.pods_ready(obj)
+        conditions = (workload.get("status") or {}).get("conditions")
+        now = int(time.time() * 1000)
+        if cond.condition(
+            cond.pods_ready(conditions, ready=ready, now_ms=now), cond.PODS_READY
+        ) == cond.condition(conditions, cond.PODS_READY):
+            return
+
+        def build(wl: dict[str, Any]) -> dict[str, Any] | None:
+            wl_status = wl.get("status") or {}
+            if not wl_status.get("admission"):
+                return None
+            return {
+                "conditions": cond.pods_ready(owned_conditions(wl), ready=ready, now_ms=now),
+                "admission": wl_status["admission"],
+            }
+
+        await self.writer.apply_status(wl_key, build, verb="podsready")
+
+    async def _patch(self, obj: dict[str, Any], patch: list[dict[str, Any]], verb: str) -> bool:
+        metadata = obj["metadata"]
+        try:
+            updated = await self.api.patch(
+                JOBSETS,
+                metadata["name"],
+                patch,
+                namespace=metadata["namespace"],
+                content_type=JSON_PATCH,
+            )
+        except ApiError as error:
+            self.metrics.api_write(_KIND, verb, ok=False)
+            if error.not_found:
+                return False
+            logger.warning(
+                "event=jobset_patch_failed jobset=%s/%s verb=%s error=%r",
+                metadata["namespace"],
+                metadata["name"],
+                verb,
+                str(error),
+            )
+            raise RetryLater(str(error)) from error
+        self.metrics.api_write(_KIND, verb, ok=True)
+        self.state.apply(_KIND, "MODIFIED", updated)
+        return True
+
+
+def _with_kind(obj: dict[str, Any]) -> dict[str, Any]:
+    """A listed object carries no apiVersion/kind; the Event's involvedObject needs them."""
+    return {**obj, "apiVersion": rules.API_VERSION, "kind": _KIND}
+
+
+def _owner_key(workload: dict[str, Any]) -> str | None:
+    metadata = workload.get("metadata") or {}
+    for owner in metadata.get("ownerReferences") or ():
+        if owner.get("kind") == _KIND and owner.get("apiVersion") == rules.API_VERSION:
+            return f"{metadata.get('namespace')}/{owner.get('name')}"
+    return None
