@@ -440,3 +440,19 @@ def cleanup(cluster: ClusterHandle) -> Iterator[list[str]]:
     refs: list[str] = []
     yield refs
     delete_cluster_objects(cluster, *refs)
+
+
+@pytest.fixture(scope="session")
+def jobset_controller(cluster: ClusterHandle) -> Path:
+    """The real JobSet controller (sigs.k8s.io/jobset, built from its pinned Go module on first
+    use) running beside the cluster with its CRD and webhooks installed; ``down`` stops it.
+    Returns its log file."""
+    from phalanx.devcluster import addons
+    from phalanx.devcluster.components import Layout
+    from phalanx.devcluster.state import load_state
+
+    layout = Layout(cluster.state_dir)
+    state = load_state(layout)
+    assert state is not None, f"no devcluster state in {cluster.state_dir}"
+    runtime = addons.ensure_started(layout, addons.JOBSET, bin_dir=state.bin_dir)
+    return runtime.log

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.devcluster import build, cluster, gomod, pins
+from phalanx.devcluster import addons, build, cluster, gomod, pins
 from phalanx.devcluster.topology import TopologyError
 
 
@@ -36,9 +36,12 @@ def _print_status(st: cluster.ClusterStatus) -> None:
 def _up(args: argparse.Namespace) -> int:
     try:
         st = cluster.up(
-            state_dir=_state_dir(args), topology_path=args.topology, timeout=args.timeout
+            state_dir=_state_dir(args),
+            topology_path=args.topology,
+            timeout=args.timeout,
+            with_=tuple(args.with_ or ()),
         )
-    except TopologyError as exc:
+    except (TopologyError, addons.AddonError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (cluster.DevclusterError, build.BuildError) as exc:
@@ -120,6 +123,14 @@ def register(subparsers: Any) -> None:
         help="topology file (default: devcluster/topologies/small.yaml)",
     )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per component")
+    up.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        metavar="ADDON[,ADDON]",
+        help=f"also start these controllers beside the cluster ({', '.join(addons.ADDONS)});"
+        " built from their pinned Go modules on first use",
+    )
     down = add("down", _down, "stop the processes this state folder started")
     down.add_argument("--purge", action="store_true", help="also delete certificates, data, logs")
     status = add(

@@ -91,8 +91,16 @@ def _format_seconds(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def _build_one(
-    *, go: Path, root: Path, name: str, out: Path, progress: Progress, label: str
+def build_one(
+    *,
+    go: Path,
+    root: Path,
+    name: str,
+    out: Path,
+    progress: Progress,
+    label: str,
+    package: str | None = None,
+    module_dir: Path | None = None,
 ) -> float:
     partial = out.with_name(f".{out.name}.partial")
     cmd = [
@@ -102,14 +110,17 @@ def _build_one(
         f"-ldflags={_LDFLAGS}",
         "-o",
         str(partial),
-        pins.BINARY_PACKAGES[name],
+        package or pins.BINARY_PACKAGES[name],
     ]
     started = time.monotonic()
     progress(f"{label} building {name} ({' '.join(cmd[1:])})")
     log_path = out.with_name(f".{out.name}.build.log")
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            cmd, cwd=_module_dir(root, name), stdout=log_file, stderr=subprocess.STDOUT
+            cmd,
+            cwd=module_dir or _module_dir(root, name),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
         )
         while True:
             try:
@@ -164,7 +175,7 @@ def _build_missing(
     )
     total = time.monotonic()
     for index, name in enumerate(missing, start=1):
-        _build_one(
+        build_one(
             go=go,
             root=root,
             name=name,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.devcluster import build, components, nodes, pins, processes
+from phalanx.devcluster import addons, build, components, nodes, pins, processes
 from phalanx.devcluster.components import COMPONENTS, Layout, Ports
 from phalanx.devcluster.http import ApiError, Endpoint
 from phalanx.devcluster.kubeconfig import write_kubeconfig
@@ -84,7 +84,9 @@ class ClusterStatus:
 
     @property
     def healthy(self) -> bool:
-        return bool(self.components) and all(c.healthy for c in self.components)
+        """The control plane's health; an addon's is its own (``up --with`` restarts it)."""
+        core = [c for c in self.components if c.name in COMPONENTS]
+        return bool(core) and all(c.healthy for c in core)
 
 
 def _endpoint(component: str, layout: Layout, ports: Ports) -> Endpoint:
@@ -126,7 +128,9 @@ def status(*, state_dir: Path | None = None) -> ClusterStatus:
             ready_nodes=0,
             expected_nodes=None,
         )
-    statuses = tuple(_component_status(layout, state, name) for name in COMPONENTS)
+    statuses = tuple(_component_status(layout, state, name) for name in COMPONENTS) + tuple(
+        _addon_status(runtime) for runtime in addons.running(layout) if runtime.process
+    )
     count = nodes.NodeCount(total=0, ready=0)
     if statuses[1].healthy:
         try:
@@ -144,9 +148,22 @@ def status(*, state_dir: Path | None = None) -> ClusterStatus:
     )
 
 
+def _addon_status(runtime: addons.AddonRuntime) -> ComponentStatus:
+    healthy, detail = addons.healthy(runtime)
+    record = runtime.process
+    return ComponentStatus(
+        name=runtime.addon.name,
+        pid=record.pid if record else None,
+        running=record is not None and processes.is_running(record),
+        healthy=healthy,
+        detail=detail,
+    )
+
+
 def _stop_all(layout: Layout, state: ClusterState) -> list[str]:
-    """Stop our recorded processes in reverse start order; return those that would not die."""
-    stubborn: list[str] = []
+    """Stop our recorded processes in reverse start order, the addons first; return those
+    that would not die."""
+    stubborn: list[str] = addons.stop_all(layout)
     remaining = dict(state.processes)
     for name in reversed(COMPONENTS):
         record = remaining.get(name)
@@ -182,7 +199,8 @@ def down(*, state_dir: Path | None = None, purge: bool = False) -> list[str]:
         state = load_state(layout)
         stopped: list[str] = []
         if state is not None:
-            stopped = [n for n in COMPONENTS if n in state.processes]
+            stopped = [r.addon.name for r in addons.running(layout) if r.process]
+            stopped += [n for n in COMPONENTS if n in state.processes]
             stubborn = _stop_all(layout, state)
             if stubborn:
                 raise DevclusterError(f"could not stop: {', '.join(stubborn)}")
@@ -292,8 +310,11 @@ def up(
     topology_path: Path | None = None,
     progress: Progress = _stderr_progress,
     timeout: float = 120.0,
+    with_: tuple[str, ...] = (),
 ) -> ClusterStatus:
-    """Start the cluster (building binaries first if needed) or reuse a healthy one."""
+    """Start the cluster (building binaries first if needed) or reuse a healthy one; then
+    start the addons named in ``with_`` (:data:`addons.ADDONS`) unless they run already."""
+    wanted = addons.parse_names(with_)
     layout = Layout(state_dir or default_state_dir())
     topology_path = (topology_path or default_topology()).resolve()
     topology = load_topology(topology_path)
@@ -301,13 +322,22 @@ def up(
         layout.lock_file,
         on_wait=lambda: progress(f"waiting for another up/down on {layout.state_dir}"),
     ):
-        return _up_locked(
+        result = _up_locked(
             layout=layout,
             topology_path=topology_path,
             topology=topology,
             progress=progress,
             timeout=timeout,
         )
+        if not wanted:
+            return result
+        state = load_state(layout)
+        assert state is not None
+        for name in wanted:
+            addons.ensure_started(
+                layout, addons.ADDONS[name], bin_dir=state.bin_dir, progress=progress
+            )
+        return status(state_dir=layout.state_dir)
 
 
 def _up_locked(

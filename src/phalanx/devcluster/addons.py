@@ -1,0 +1,449 @@
+"""Optional controllers beside the local control plane: the real JobSet controller.
+
+Started only when asked (``phalanx devcluster up --with jobset``, or a test fixture calling
+:func:`ensure`). Like KWOK, the controller is built from its pinned Go module
+(``devcluster/jobset/go.mod``: ``sigs.k8s.io/jobset``) through the module proxy, once, into
+its own cache folder, whose name carries the version and a hash of that go.mod/go.sum: adding
+or bumping an addon never invalidates the Kubernetes binaries. The build also copies the
+module's CRDs (``config/components/crd/bases``) from the Go module cache beside the binary.
+
+JobSet's manager serves its own admission webhooks (defaulting and validation of JobSets, and
+the exclusive-placement pod webhooks) and in a cluster rotates their certificate itself
+(``internalCertManagement``), which needs a Service and a Secret. Beside the cluster there is
+neither, so its configuration turns internal cert management off and serves the webhooks on
+loopback with the devcluster's serving certificate (issued for 127.0.0.1 by the cluster CA);
+the Mutating/ValidatingWebhookConfigurations are registered with that URL and CA. Its pod
+webhooks are limited to the JobSet's pods (an objectSelector on the
+``jobset.sigs.k8s.io/jobset-name`` label) so that every other pod of the cluster never waits on
+them. Metrics are off, leader election off; health and readiness probes on a loopback port.
+
+Each addon's process, ports and log live under ``<state dir>/addons/<name>/``; ``down`` stops
+them before the control plane.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phalanx.devcluster import build, components, pins, processes
+from phalanx.devcluster.components import Layout
+from phalanx.devcluster.http import Endpoint
+from phalanx.devcluster.locks import file_lock
+from phalanx.devcluster.pki import CertPair
+from phalanx.devcluster.processes import ProcessRecord
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+class AddonError(RuntimeError):
+    """An addon could not be built or started; the message says why."""
+
+
+@dataclass(frozen=True)
+class Addon:
+    name: str
+    module: str
+    version: str
+    package: str
+    binary: str
+    crd_dir: str
+    """Folder of the module holding the CRDs to install."""
+
+    @property
+    def gomod_dir(self) -> str:
+        return f"devcluster/{self.name}"
+
+
+JOBSET = Addon(
+    name="jobset",
+    module="sigs.k8s.io/jobset",
+    version="v0.10.1",
+    package="sigs.k8s.io/jobset",
+    binary="jobset-controller",
+    crd_dir="config/components/crd/bases",
+)
+ADDONS = {JOBSET.name: JOBSET}
+
+_JOBSET_WEBHOOK_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
+def parse_names(values: Iterable[str]) -> tuple[str, ...]:
+    """``--with jobset,foo --with bar`` -> the known addon names; unknown ones are refused."""
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ADDONS]
+    if unknown:
+        raise AddonError(
+            f"unknown addon(s) {', '.join(unknown)}: the devcluster can start {', '.join(ADDONS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+# -- build --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddonCache:
+    key: str
+    folder: Path
+
+    @property
+    def binary_dir(self) -> Path:
+        return self.folder / "bin"
+
+    @property
+    def crd_dir(self) -> Path:
+        return self.folder / "crds"
+
+    def complete(self, addon: Addon) -> bool:
+        binary = self.binary_dir / addon.binary
+        return binary.is_file() and any(self.crd_dir.glob("*.yaml"))
+
+
+def addon_cache(addon: Addon, root: Path | None = None) -> AddonCache:
+    root = root or pins.repo_root()
+    digest = hashlib.sha256()
+    for rel in ("go.mod", "go.sum"):
+        path = root / addon.gomod_dir / rel
+        if not path.is_file():
+            raise AddonError(f"{addon.gomod_dir}/{rel} is missing from the checkout at {root}")
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    key = f"{addon.name}-{addon.version}-{digest.hexdigest()[:10]}"
+    return AddonCache(key=key, folder=pins.cache_root() / key)
+
+
+def ensure_built(
+    addon: Addon, *, root: Path | None = None, progress: Progress = build._stderr_progress
+) -> AddonCache:
+    """Build the addon's controller and copy its CRDs into its cache folder, unless there."""
+    root = root or pins.repo_root()
+    cache = addon_cache(addon, root)
+    if cache.complete(addon):
+        return cache
+    cache.folder.mkdir(parents=True, exist_ok=True)
+    with file_lock(
+        cache.folder / "build.lock",
+        on_wait=lambda: progress(f"waiting for another build into {cache.folder}"),
+    ):
+        if cache.complete(addon):
+            return cache
+        go = build.find_go(progress=progress)
+        module_dir = root / addon.gomod_dir
+        binary = cache.binary_dir / addon.binary
+        if not binary.is_file():
+            cache.binary_dir.mkdir(parents=True, exist_ok=True)
+            progress(
+                f"building {addon.module}@{addon.version} into {cache.binary_dir}; "
+                "a first build compiles client-go and controller-runtime: minutes"
+            )
+            build.build_one(
+                go=go,
+                root=root,
+                name=addon.binary,
+                out=binary,
+                progress=progress,
+                label="[addon]",
+                package=addon.package,
+                module_dir=module_dir,
+            )
+        _copy_crds(addon, go=go, module_dir=module_dir, into=cache.crd_dir)
+    return cache
+
+
+def _copy_crds(addon: Addon, *, go: Path, module_dir: Path, into: Path) -> None:
+    proc = subprocess.run(
+        [str(go), "mod", "download", "-json", f"{addon.module}@{addon.version}"],
+        cwd=module_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AddonError(f"go mod download {addon.module}@{addon.version}: {proc.stderr.strip()}")
+    source = Path(json.loads(proc.stdout)["Dir"]) / addon.crd_dir
+    crds = sorted(source.glob("*.yaml"))
+    if not crds:
+        raise AddonError(f"no CRDs in {source}")
+    into.mkdir(parents=True, exist_ok=True)
+    for crd in crds:
+        target = into / crd.name
+        shutil.copyfile(crd, target)
+        target.chmod(0o644)  # the module cache is read-only
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddonRuntime:
+    """Where one addon runs: its folder under the state dir, ports and process."""
+
+    addon: Addon
+    folder: Path
+    health_port: int
+    webhook_port: int
+    process: ProcessRecord | None
+
+    @property
+    def state_file(self) -> Path:
+        return self.folder / "state.json"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"{self.addon.name}.log"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "health_port": self.health_port,
+            "webhook_port": self.webhook_port,
+            "process": self.process.to_json() if self.process else None,
+        }
+
+
+def _folder(layout: Layout, addon: Addon) -> Path:
+    return layout.state_dir / "addons" / addon.name
+
+
+def load(layout: Layout, addon: Addon) -> AddonRuntime | None:
+    folder = _folder(layout, addon)
+    try:
+        data = json.loads((folder / "state.json").read_text())
+    except FileNotFoundError:
+        return None
+    process = data.get("process")
+    return AddonRuntime(
+        addon=addon,
+        folder=folder,
+        health_port=int(data["health_port"]),
+        webhook_port=int(data["webhook_port"]),
+        process=ProcessRecord.from_json(addon.name, process) if process else None,
+    )
+
+
+def _save(runtime: AddonRuntime) -> None:
+    runtime.folder.mkdir(parents=True, exist_ok=True)
+    tmp = runtime.state_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(runtime.to_json(), indent=2) + "\n")
+    tmp.replace(runtime.state_file)
+
+
+def healthy(runtime: AddonRuntime | None) -> tuple[bool, str]:
+    if runtime is None or runtime.process is None or not processes.is_running(runtime.process):
+        return False, "not running"
+    return Endpoint(f"http://127.0.0.1:{runtime.health_port}").probe("/readyz")
+
+
+def running(layout: Layout) -> list[AddonRuntime]:
+    """The addons this state folder records (running or not)."""
+    return [r for a in ADDONS.values() if (r := load(layout, a)) is not None]
+
+
+def stop_all(layout: Layout) -> list[str]:
+    """Stop every recorded addon process; return the names of those that would not die."""
+    stubborn = []
+    for runtime in running(layout):
+        if runtime.process is None:
+            continue
+        if processes.stop(runtime.process):
+            _save(
+                AddonRuntime(
+                    runtime.addon, runtime.folder, runtime.health_port, runtime.webhook_port, None
+                )
+            )
+        else:
+            stubborn.append(f"{runtime.addon.name} (pid {runtime.process.pid})")
+    return stubborn
+
+
+def _jobset_config(runtime: AddonRuntime, cert_dir: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        # No Service or Secret beside the cluster: the webhooks are served on loopback with
+        # the devcluster's serving certificate instead of a rotated one.
+        "internalCertManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": runtime.webhook_port, "certDir": str(cert_dir)},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{runtime.health_port}"},
+    }
+
+
+def jobset_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """JobSet's webhook configurations (its config/components/webhook/manifests.yaml) with a
+    loopback URL; the pod webhooks only for the JobSet's pods."""
+    url = f"https://127.0.0.1:{port}"
+    ca = base64.b64encode(ca_bundle).decode()
+    jobset_pods = {"matchExpressions": [{"key": _JOBSET_WEBHOOK_LABEL, "operator": "Exists"}]}
+
+    def hook(
+        name: str, path: str, group: str, version: str, resource: str, ops: list[str]
+    ) -> dict[str, Any]:
+        webhook: dict[str, Any] = {
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": f"{url}{path}", "caBundle": ca},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 10,
+            "rules": [
+                {
+                    "apiGroups": [group],
+                    "apiVersions": [version],
+                    "operations": ops,
+                    "resources": [resource],
+                }
+            ],
+        }
+        if resource == "pods":
+            webhook["objectSelector"] = jobset_pods
+        return webhook
+
+    js = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-jobset-mutating"},
+            "webhooks": [
+                hook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset", *js, ["CREATE"]),
+                hook("mpod.kb.io", "/mutate--v1-pod", "", "v1", "pods", ["CREATE"]),
+            ],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-jobset-validating"},
+            "webhooks": [
+                hook(
+                    "vjobset.kb.io",
+                    "/validate-jobset-x-k8s-io-v1alpha2-jobset",
+                    *js,
+                    ["CREATE", "UPDATE"],
+                ),
+                hook("vpod.kb.io", "/validate--v1-pod", "", "v1", "pods", ["CREATE"]),
+            ],
+        },
+    ]
+
+
+def _kubectl(bin_dir: Path, layout: Layout, *args: str, input: str | None = None) -> str:
+    proc = subprocess.run(
+        [str(bin_dir / "kubectl"), f"--kubeconfig={layout.admin_kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AddonError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def ensure_started(
+    layout: Layout,
+    addon: Addon,
+    *,
+    bin_dir: Path,
+    progress: Progress = build._stderr_progress,
+    timeout: float = 120.0,
+) -> AddonRuntime:
+    """Start the addon beside the running control plane, or reuse it when healthy. Installs
+    its CRDs (server-side apply) and webhook configurations first."""
+    current = load(layout, addon)
+    ok, _ = healthy(current)
+    if ok and current is not None:
+        return current
+    if current is not None and current.process is not None:
+        processes.stop(current.process)
+    cache = ensure_built(addon, progress=progress)
+    folder = _folder(layout, addon)
+    folder.mkdir(parents=True, exist_ok=True)
+    crds = sorted(cache.crd_dir.glob("*.yaml"))
+    _kubectl(bin_dir, layout, "apply", "--server-side", "--force-conflicts", *_files(crds))
+    names = [str(yaml.safe_load(p.read_text())["metadata"]["name"]) for p in crds]
+    _kubectl(
+        bin_dir,
+        layout,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        *[f"crd/{n}" for n in names],
+    )
+    health_port, webhook_port = _free_ports(2)
+    runtime = AddonRuntime(addon, folder, health_port, webhook_port, None)
+    cert_dir = folder / "certs"
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    serving = CertPair(layout.pki_dir / "serving.crt", layout.pki_dir / "serving.key")
+    shutil.copyfile(serving.cert, cert_dir / "tls.crt")
+    shutil.copyfile(serving.key, cert_dir / "tls.key")
+    (cert_dir / "tls.key").chmod(0o600)
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump(_jobset_config(runtime, cert_dir), sort_keys=False))
+    argv = [
+        str(cache.binary_dir / addon.binary),
+        f"--kubeconfig={layout.admin_kubeconfig}",
+        f"--config={config}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{health_port}",
+        "--zap-devel=false",
+        "--zap-log-level=info",
+    ]
+    record = processes.start(addon.name, argv, log_path=runtime.log, cwd=folder)
+    runtime = AddonRuntime(addon, folder, health_port, webhook_port, record)
+    _save(runtime)
+    started = time.monotonic()
+    detail = ""
+    while time.monotonic() - started < timeout:
+        if not processes.is_running(record):
+            raise AddonError(
+                f"{addon.name} exited during start-up; its log {runtime.log} ends with:\n"
+                + processes.log_tail(runtime.log, lines=40)
+            )
+        ok, detail = healthy(runtime)
+        if ok:
+            break
+        time.sleep(0.25)
+    else:
+        raise AddonError(
+            f"{addon.name} not ready after {timeout:.0f}s ({detail}); its log {runtime.log} "
+            "ends with:\n" + processes.log_tail(runtime.log, lines=40)
+        )
+    hooks = jobset_webhooks(port=webhook_port, ca_bundle=(layout.pki_dir / "ca.crt").read_bytes())
+    _kubectl(
+        bin_dir,
+        layout,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(hooks, sort_keys=False),
+    )
+    progress(
+        f"{addon.name} controller ready in {time.monotonic() - started:.1f}s "
+        f"(pid {record.pid}, webhooks on 127.0.0.1:{webhook_port}, log {runtime.log})"
+    )
+    return runtime
+
+
+def _files(paths: Iterable[Path]) -> list[str]:
+    return [arg for p in paths for arg in ("-f", str(p))]
+
+
+def _free_ports(count: int) -> list[int]:
+    return components._ephemeral_ports(count)
