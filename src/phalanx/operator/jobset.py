@@ -31,6 +31,7 @@ __all__ = [
     "MAX_POD_SETS",
     "InvalidJobSet",
     "JobSetIntegration",
+    "child_job_stopped",
     "jobset_finish",
     "needs_workload",
     "pod_sets",
@@ -171,6 +172,19 @@ def pods_ready(obj: Mapping[str, Any]) -> bool:
     return done >= replicas
 
 
+def child_job_stopped(job: Mapping[str, Any]) -> bool:
+    """A JobSet's child Job runs nothing: it ended, or it is suspended, the Job controller has
+    seen that (``Suspended`` condition) and counts no active pod."""
+    status = job.get("status") or {}
+    conditions = status.get("conditions") or ()
+    if any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+    ):
+        return True
+    suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
+    return bool((job.get("spec") or {}).get("suspend")) and suspended and not status.get("active")
+
+
 def _template_path(index: int) -> str:
     return f"/spec/replicatedJobs/{index}/template/spec/template"
 
@@ -213,28 +227,34 @@ def _inject(
     ]
 
 
-def _restore(original: Mapping[str, Any], index: int) -> list[dict[str, Any]]:
-    tmeta = original.get("metadata") or {}
-    pod_spec = original.get("spec") or {}
+def _restore(
+    original: Mapping[str, Any], current: Mapping[str, Any], index: int
+) -> list[dict[str, Any]]:
+    """Put back ``original``'s metadata, node selector, tolerations and scheduling gates; a
+    field the original did not have is removed (a custom resource keeps an empty one, so
+    writing ``{}`` would leave the template different from what was submitted)."""
     path = _template_path(index)
-    return [
-        {"op": "add", "path": f"{path}/metadata", "value": copy.deepcopy(dict(tmeta))},
-        {
-            "op": "add",
-            "path": f"{path}/spec/nodeSelector",
-            "value": dict(pod_spec.get("nodeSelector") or {}),
-        },
-        {
-            "op": "add",
-            "path": f"{path}/spec/tolerations",
-            "value": list(pod_spec.get("tolerations") or []),
-        },
-        {
-            "op": "add",
-            "path": f"{path}/spec/schedulingGates",
-            "value": list(pod_spec.get("schedulingGates") or []),
-        },
-    ]
+    ops: list[dict[str, Any]] = []
+    if "metadata" in original:
+        ops.append(
+            {"op": "add", "path": f"{path}/metadata", "value": copy.deepcopy(original["metadata"])}
+        )
+    elif "metadata" in current:
+        ops.append({"op": "remove", "path": f"{path}/metadata"})
+    pod_spec = original.get("spec") or {}
+    live_spec = current.get("spec") or {}
+    for field in ("nodeSelector", "tolerations", "schedulingGates"):
+        if field in pod_spec:
+            ops.append(
+                {
+                    "op": "add",
+                    "path": f"{path}/spec/{field}",
+                    "value": copy.deepcopy(pod_spec[field]),
+                }
+            )
+        elif field in live_spec:
+            ops.append({"op": "remove", "path": f"{path}/spec/{field}"})
+    return ops
 
 
 def _guard(index: int, name: str) -> dict[str, Any]:
@@ -305,7 +325,7 @@ class JobSetIntegration:
             name = str(rjob.get("name"))
             if name in recorded:
                 ops.append(_guard(index, name))
-                ops.extend(_restore(recorded[name], index))
+                ops.extend(_restore(recorded[name], _pod_template(rjob), index))
         return ops
 
     def injected(self, obj: Mapping[str, Any]) -> bool:

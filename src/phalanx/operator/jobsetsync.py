@@ -145,20 +145,34 @@ class JobSetController:
     # -- what the scheduling loop asks ----------------------------------------------------------
 
     def stopped(self, workload: dict[str, Any]) -> bool:
-        """An evicted Workload's JobSet is suspended, the JobSet controller has acted on it
-        (its ``Suspended`` condition), and none of its pods is left (or it is gone). A
-        Workload no JobSet owns is not this controller's."""
+        """An evicted Workload's JobSet is suspended, each of its child Jobs is suspended with
+        the Job controller's ``Suspended`` condition and no active pod (or has ended), and
+        none of its pods is left (or the JobSet is gone). A Workload no JobSet owns is not
+        this controller's.
+
+        The JobSet's own ``Suspended`` condition is not enough: evicted right after it was
+        started, it may still carry the one from before the start while its Jobs create
+        pods. A child Job's condition is written by the Job controller in the same status
+        update as its pods' count, so it cannot say suspended while pods it made run."""
         key = _owner_key(workload)
         if key is None:
             return True
         obj = self.state.get(_KIND, key)
         if obj is None:
             return True
-        return (
-            self.integration.suspended(obj)
-            and cond.is_true((obj.get("status") or {}).get("conditions"), "Suspended")
-            and not self._pods_of.get(key)
-        )
+        if not self.integration.suspended(obj) or self._pods_of.get(key):
+            return False
+        return all(rules.child_job_stopped(job) for job in self._children(key))
+
+    def _children(self, key: str) -> list[dict[str, Any]]:
+        namespace, _, name = key.partition("/")
+        return [
+            job
+            for job in self.state.objects["JobSetJob"].values()
+            if (job.get("metadata") or {}).get("namespace") == namespace
+            and ((job.get("metadata") or {}).get("labels") or {}).get(rules.JOBSET_NAME_LABEL)
+            == name
+        ]
 
     # -- reconcile ------------------------------------------------------------------------------
 

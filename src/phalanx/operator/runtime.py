@@ -34,6 +34,7 @@ from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.informer import Informer
 from phalanx.operator.jobset import FRAMEWORK as FRAMEWORK_JOBSET
+from phalanx.operator.jobset import JOBSET_NAME_LABEL
 from phalanx.operator.jobsetsync import JobSetController
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.kube import (
@@ -455,6 +456,9 @@ class PhalanxOperator:
         self._start_informer(
             JOBSETS, "JobSet", label_selector="kueue.x-k8s.io/queue-name", unreadable_ok=True
         )
+        # The JobSets' child Jobs: an evicted JobSet's quota is released only once each of them
+        # is suspended with no active pod (the JobSet's own status may be stale).
+        self._start_informer(JOBS, "JobSetJob", label_selector=JOBSET_NAME_LABEL)
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
         if self.conversion is not None:

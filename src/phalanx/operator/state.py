@@ -34,10 +34,13 @@ KINDS = (
     "Workload",
     "Job",
     "JobSet",
+    "JobSetJob",
     "Pod",
     "Node",
 )
-_NAMESPACED = frozenset({"LocalQueue", "Workload", "Job", "JobSet", "Pod", "ProvisioningRequest"})
+_NAMESPACED = frozenset(
+    {"LocalQueue", "Workload", "Job", "JobSet", "JobSetJob", "Pod", "ProvisioningRequest"}
+)
 
 
 def key_of(kind: str, obj: dict[str, Any]) -> str:

@@ -214,15 +214,8 @@ def test_restore_suspends_and_puts_back_every_recorded_template() -> None:
     )
     restored = jsonpatch.apply_patch(started, js.JOBSET.restore_patch(started, pod_sets=recorded))
     assert restored["spec"]["suspend"] is True
-    for before, after in zip(
-        obj["spec"]["replicatedJobs"], restored["spec"]["replicatedJobs"], strict=True
-    ):
-        want = copy.deepcopy(before["template"]["spec"]["template"])
-        got = after["template"]["spec"]["template"]
-        assert got["spec"]["nodeSelector"] == want["spec"].get("nodeSelector", {})
-        assert got["spec"]["tolerations"] == []
-        assert got["spec"]["schedulingGates"] == []
-        assert got["metadata"] == want["metadata"]
+    # Exactly as submitted: no empty node selector, tolerations or gates left behind.
+    assert restored["spec"]["replicatedJobs"] == obj["spec"]["replicatedJobs"]
     assert not js.JOBSET.injected(restored)
 
 
@@ -238,6 +231,23 @@ def test_finished_from_the_jobset_conditions() -> None:
     obj["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "boom"}]}
     assert js.JOBSET.finished(obj) == integration.Finish(False, "Failed", "boom")
     assert not js.needs_workload(obj)
+
+
+def test_a_child_job_runs_nothing_once_suspended_as_the_job_controller_saw_it_or_ended() -> None:
+    def job(suspend: bool, active: int, *conds: tuple[str, str]) -> dict[str, Any]:
+        return {
+            "spec": {"suspend": suspend},
+            "status": {
+                "active": active,
+                "conditions": [{"type": t, "status": v} for t, v in conds],
+            },
+        }
+
+    assert js.child_job_stopped(job(True, 0, ("Suspended", "True")))
+    assert not js.child_job_stopped(job(True, 0, ("Suspended", "False")))
+    assert not js.child_job_stopped(job(True, 2, ("Suspended", "True")))
+    assert not js.child_job_stopped(job(False, 0, ("Suspended", "True")))
+    assert js.child_job_stopped(job(False, 0, ("Complete", "True")))
 
 
 def test_pods_ready_counts_ready_or_succeeded_child_jobs_against_replicas() -> None:
@@ -358,6 +368,28 @@ class Harness:
         )
         self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
 
+    def child_job(self, name: str, *, suspend: bool, active: int, suspended: bool) -> None:
+        self.state.apply(
+            "JobSetJob",
+            "MODIFIED",
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": NS,
+                    "resourceVersion": str(self.api.version + 1),
+                    "labels": {js.JOBSET_NAME_LABEL: "trainer"},
+                },
+                "spec": {"suspend": suspend},
+                "status": {
+                    "active": active,
+                    "conditions": [
+                        {"type": "Suspended", "status": "True" if suspended else "False"}
+                    ],
+                },
+            },
+        )
+        self.api.version += 1
+
     def pod(self, name: str, *, deleted: bool = False) -> None:
         pod = {
             "metadata": {
@@ -408,11 +440,15 @@ def test_a_queued_jobset_is_admitted_whole_preempted_restored_readmitted_and_fin
         await h.reconcile()
         restored = h.jobset()
         assert not js.JOBSET.injected(restored)
-        assert not restored["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"][
-            "nodeSelector"
-        ]
-        assert not h.ctl.stopped(wl_now), "its pods are still there, and it is not Suspended"
+        assert restored["spec"]["replicatedJobs"] == a_jobset()["spec"]["replicatedJobs"]
+        # Released only once every child Job is suspended with no active pod, and no pod is
+        # left, whatever the JobSet's own (possibly stale) Suspended condition says.
         h.jobset_controller_writes(conditions=[{"type": "Suspended", "status": "True"}])
+        h.child_job("trainer-workers-0", suspend=False, active=1, suspended=False)
+        assert not h.ctl.stopped(wl_now), "a child Job still runs"
+        h.child_job("trainer-workers-0", suspend=True, active=1, suspended=False)
+        assert not h.ctl.stopped(wl_now), "the Job controller has not acted yet"
+        h.child_job("trainer-workers-0", suspend=True, active=0, suspended=True)
         assert not h.ctl.stopped(wl_now), "a pod is left"
         h.pod("trainer-workers-0-0-x", deleted=True)
         assert h.ctl.stopped(wl_now)
