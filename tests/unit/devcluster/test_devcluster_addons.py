@@ -1,0 +1,55 @@
+"""Devcluster addons: names, the cache folder keyed by the addon's own pins, the JobSet
+controller's configuration and its loopback webhook configurations."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from phalanx.devcluster import addons, pins
+
+
+def test_with_names_are_split_deduplicated_and_checked() -> None:
+    assert addons.parse_names(["jobset", "jobset,"]) == ("jobset",)
+    assert addons.parse_names([]) == ()
+    with pytest.raises(addons.AddonError, match=r"unknown addon.*lws.*can start jobset"):
+        addons.parse_names(["jobset,lws"])
+
+
+def test_the_cache_folder_is_keyed_by_the_addons_own_go_mod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PHALANX_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "repo"
+    (root / "devcluster" / "jobset").mkdir(parents=True)
+    (root / "devcluster" / "jobset" / "go.mod").write_text("module x\nrequire a v1\n")
+    (root / "devcluster" / "jobset" / "go.sum").write_text("a v1 h1:x\n")
+    first = addons.addon_cache(addons.JOBSET, root)
+    assert first.folder.parent == tmp_path / "cache"
+    assert first.key.startswith("jobset-v0.10.1-")
+    (root / "devcluster" / "jobset" / "go.sum").write_text("a v2 h1:y\n")
+    assert addons.addon_cache(addons.JOBSET, root).key != first.key
+    assert not first.complete(addons.JOBSET)
+
+
+def test_the_checkout_pins_jobset_at_the_version_the_addon_names() -> None:
+    gomod = (pins.repo_root() / "devcluster" / "jobset" / "go.mod").read_text()
+    assert f"sigs.k8s.io/jobset {addons.JOBSET.version}" in gomod
+
+
+def test_jobset_webhooks_are_jobsets_own_by_loopback_url_and_pods_only_of_jobsets() -> None:
+    mutating, validating = addons.jobset_webhooks(port=4443, ca_bundle=b"CA")
+    hooks = {h["name"]: h for doc in (mutating, validating) for h in doc["webhooks"]}
+    assert set(hooks) == {"mjobset.kb.io", "mpod.kb.io", "vjobset.kb.io", "vpod.kb.io"}
+    assert hooks["mjobset.kb.io"]["clientConfig"] == {
+        "url": "https://127.0.0.1:4443/mutate-jobset-x-k8s-io-v1alpha2-jobset",
+        "caBundle": base64.b64encode(b"CA").decode(),
+    }
+    assert hooks["vjobset.kb.io"]["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    for name in ("mpod.kb.io", "vpod.kb.io"):
+        assert hooks[name]["objectSelector"] == {
+            "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
+        }
+    assert "objectSelector" not in hooks["mjobset.kb.io"]
