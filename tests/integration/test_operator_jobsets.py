@@ -251,14 +251,16 @@ def test_a_preempted_jobset_is_suspended_restored_readmitted_and_completes(
             cq_name, flavor_name=POOL, gpus=8, preemption={"withinClusterQueue": "LowerPriority"}
         ),
     )
-    apply(cluster, local_queue("lq", cluster_queue_name=cq_name), namespace=namespace)
     # Long enough to be preempted while running, short enough to finish once re-admitted.
+    # Created before its LocalQueue, so that the templates read back are the submitted ones
+    # (with the queue there, it can be admitted and started before the read).
     apply(
         cluster,
         a_jobset("low", workers=2, gpus=4, run_seconds="30", priority_class=low),
         namespace=namespace,
     )
     original = templates(get(cluster, JOBSETS, "low", namespace))
+    apply(cluster, local_queue("lq", cluster_queue_name=cq_name), namespace=namespace)
     wait_for(
         "low's 3 pods running on the pool",
         lambda: (
