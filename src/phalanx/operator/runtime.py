@@ -153,23 +153,6 @@ class OptionalInformer(Informer):
                 self.on_synced()
 
 
-class UnreadableOptionalInformer(OptionalInformer):
-    """An :class:`OptionalInformer` that also takes a 403 for an absent kind: the JobSet
-    informer, whose rules are granted only where the JobSet integration is installed (a
-    disabled integration must not hold up the first scheduling cycle, nor stop the
-    operator). The refusal is logged on every retry."""
-
-    async def _relist(self) -> None:
-        try:
-            await super()._relist()
-        except ApiError as error:
-            if error.status != 403:
-                raise
-            logger.warning("event=resource_forbidden resource=%s action=treat_as_empty", self.name)
-            self._absent()
-            raise
-
-
 class Heartbeat:
     """When this replica's scheduling loop last completed a cycle, for the liveness probe.
 
@@ -451,14 +434,17 @@ class PhalanxOperator:
             self._start_informer(resource, kind, optional=True)
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
-        # JobSets: their CRD may be absent and, with the integration disabled, their rules
-        # too; a queued one then still gets its IntegrationNotEnabled Event where readable.
-        self._start_informer(
-            JOBSETS, "JobSet", label_selector="kueue.x-k8s.io/queue-name", unreadable_ok=True
-        )
-        # The JobSets' child Jobs: an evicted JobSet's quota is released only once each of them
-        # is suspended with no active pod (the JobSet's own status may be stale).
-        self._start_informer(JOBS, "JobSetJob", label_selector=JOBSET_NAME_LABEL)
+        if FRAMEWORK_JOBSET in self.config.frameworks:
+            # JobSets are watched only with their integration enabled, as Kueue sets up only
+            # the enabled integrations' controllers: the manifests grant the JobSet rules with
+            # it (manifests/components/jobset), and without them every list would be refused.
+            # So a queued JobSet while the integration is disabled is not seen (no Event).
+            self._start_informer(
+                JOBSETS, "JobSet", label_selector="kueue.x-k8s.io/queue-name", optional=True
+            )
+            # The JobSets' child Jobs: an evicted JobSet's quota is released only once each
+            # of them is suspended with no active pod (the JobSet's own status may be stale).
+            self._start_informer(JOBS, "JobSetJob", label_selector=JOBSET_NAME_LABEL)
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
         if self.conversion is not None:
@@ -556,19 +542,12 @@ class PhalanxOperator:
         label_selector: str | None = None,
         field_selector: str | None = None,
         optional: bool = False,
-        unreadable_ok: bool = False,
     ) -> None:
         assert self.api is not None
         namespaces: tuple[str | None, ...] = (
             self.config.namespaces if resource.namespaced and self.config.namespaces else (None,)
         )
-        factory: type[Informer] = (
-            UnreadableOptionalInformer
-            if unreadable_ok
-            else OptionalInformer
-            if optional
-            else Informer
-        )
+        factory: type[Informer] = OptionalInformer if optional else Informer
         for namespace in namespaces:
             informer = factory(
                 self.api,
