@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Collection
 from typing import Any
 
@@ -26,7 +25,7 @@ from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
 from phalanx.operator.state import ClusterState
-from phalanx.operator.writer import StatusWriter, owned_conditions
+from phalanx.operator.writer import StatusWriter
 
 __all__ = ["JobController"]
 
@@ -458,25 +457,9 @@ class JobController:
             await self._patch_job(job, patch, "restore")
 
     async def _finish(self, wl_key: str, finish: integration.Finish) -> None:
-        now = int(time.time() * 1000)
-
-        def build(current: dict[str, Any]) -> dict[str, Any] | None:
-            if cond.is_true((current.get("status") or {}).get("conditions"), cond.FINISHED):
-                return None
-            status: dict[str, Any] = {
-                "conditions": cond.finished(
-                    owned_conditions(current),
-                    succeeded=finish.succeeded,
-                    message=finish.message,
-                    now_ms=now,
-                )
-            }
-            admission = (current.get("status") or {}).get("admission")
-            if admission:
-                status["admission"] = admission
-            return status
-
-        outcome = await self.writer.apply_status(wl_key, build, verb="finish")
+        outcome = await self.writer.finish(
+            wl_key, succeeded=finish.succeeded, message=finish.message
+        )
         if outcome.ok:
             logger.info("event=workload_finished workload=%s reason=%s", wl_key, finish.reason)
         elif outcome.status != 404:
@@ -485,24 +468,7 @@ class JobController:
     async def _sync_pods_ready(
         self, wl_key: str, job: dict[str, Any], workload: dict[str, Any]
     ) -> None:
-        ready = jobs.pods_ready(job)
-        conditions = (workload.get("status") or {}).get("conditions")
-        now = int(time.time() * 1000)
-        if cond.condition(
-            cond.pods_ready(conditions, ready=ready, now_ms=now), cond.PODS_READY
-        ) == cond.condition(conditions, cond.PODS_READY):
-            return
-
-        def build(wl: dict[str, Any]) -> dict[str, Any] | None:
-            wl_status = wl.get("status") or {}
-            if not wl_status.get("admission"):
-                return None
-            return {
-                "conditions": cond.pods_ready(owned_conditions(wl), ready=ready, now_ms=now),
-                "admission": wl_status["admission"],
-            }
-
-        await self.writer.apply_status(wl_key, build, verb="podsready")
+        await self.writer.pods_ready(wl_key, workload, ready=jobs.pods_ready(job))
 
     async def _patch_job(self, job: dict[str, Any], patch: list[dict[str, Any]], verb: str) -> bool:
         metadata = job["metadata"]

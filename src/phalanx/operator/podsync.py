@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 from phalanx.operator import conditions as cond
@@ -22,7 +21,7 @@ from phalanx.operator.kube import JSON_PATCH, PODS, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
 from phalanx.operator.state import ClusterState
-from phalanx.operator.writer import StatusWriter, owned_conditions
+from phalanx.operator.writer import StatusWriter
 
 __all__ = ["FRAMEWORK", "PodGroupController"]
 
@@ -303,25 +302,9 @@ class PodGroupController:
         finish = pods.group_finish(group, everyone, total=total)
         if finish is None:
             return
-        now = int(time.time() * 1000)
-
-        def build(current: dict[str, Any]) -> dict[str, Any] | None:
-            if cond.is_true((current.get("status") or {}).get("conditions"), cond.FINISHED):
-                return None
-            status: dict[str, Any] = {
-                "conditions": cond.finished(
-                    owned_conditions(current),
-                    succeeded=finish.succeeded,
-                    message=finish.message,
-                    now_ms=now,
-                )
-            }
-            admission = (current.get("status") or {}).get("admission")
-            if admission:
-                status["admission"] = admission
-            return status
-
-        outcome = await self.writer.apply_status(wl_key, build, verb="finish")
+        outcome = await self.writer.finish(
+            wl_key, succeeded=finish.succeeded, message=finish.message
+        )
         if outcome.ok:
             logger.info("event=workload_finished workload=%s reason=%s", wl_key, finish.reason)
 

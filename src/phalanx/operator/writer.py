@@ -330,6 +330,49 @@ class StatusWriter:
 
             await self.apply_status(key, build, verb="pending")
 
+    # -- the integrations' writes -----------------------------------------------------------------
+
+    async def finish(self, key: str, *, succeeded: bool, message: str) -> WriteOutcome:
+        """``Finished=True`` on the Workload as its job ended, its admission kept; a Workload
+        already finished is left as it is."""
+        now = int(time.time() * 1000)
+
+        def build(current: dict[str, Any]) -> dict[str, Any] | None:
+            if cond.is_true((current.get("status") or {}).get("conditions"), cond.FINISHED):
+                return None
+            status: dict[str, Any] = {
+                "conditions": cond.finished(
+                    owned_conditions(current), succeeded=succeeded, message=message, now_ms=now
+                )
+            }
+            admission = (current.get("status") or {}).get("admission")
+            if admission:
+                status["admission"] = admission
+            return status
+
+        return await self.apply_status(key, build, verb="finish")
+
+    async def pods_ready(self, key: str, workload: dict[str, Any], *, ready: bool) -> None:
+        """``PodsReady`` as ``ready`` says, written only when that changes the condition and
+        while the Workload is admitted."""
+        conditions = (workload.get("status") or {}).get("conditions")
+        now = int(time.time() * 1000)
+        if cond.condition(
+            cond.pods_ready(conditions, ready=ready, now_ms=now), cond.PODS_READY
+        ) == cond.condition(conditions, cond.PODS_READY):
+            return
+
+        def build(wl: dict[str, Any]) -> dict[str, Any] | None:
+            wl_status = wl.get("status") or {}
+            if not wl_status.get("admission"):
+                return None
+            return {
+                "conditions": cond.pods_ready(owned_conditions(wl), ready=ready, now_ms=now),
+                "admission": wl_status["admission"],
+            }
+
+        await self.apply_status(key, build, verb="podsready")
+
     # -- events ---------------------------------------------------------------------------------
 
     async def event(
