@@ -22,6 +22,7 @@ import yaml
 from incluster_support import host_address
 from operator_fixtures import *  # noqa: F403
 from operator_fixtures import (
+    PHALANX,
     REPO,
     OperatorProcess,
     apply,
@@ -146,6 +147,20 @@ def _ok(cluster: ClusterHandle, kubeconfig: Path, path: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
+def _list_positions(kubeconfig: Path, namespace: str, lq: str) -> dict[str, str]:
+    """NAME -> POSITION IN QUEUE of ``phalanx list workload`` for the pending ones of ``lq``."""
+    proc = subprocess.run(
+        [str(PHALANX), "list", "workload", "-n", namespace, "-q", lq, "--status", "pending",
+         "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    print(proc.stdout)  # the user guide's example output
+    lines = proc.stdout.splitlines()
+    column = lines[0].index("POSITION IN QUEUE")
+    return {line.split()[0]: line[column:].split()[0] for line in lines[1:]}
+
+
 def _workload(name: str, lq: str, priority: int = 0) -> dict[str, Any]:
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -267,6 +282,30 @@ def _run_scenario(
                 {"kind": "ServiceAccount", "name": "viewer", "namespace": namespace},
             ],
         },
+        # team-a lists its namespace's Workloads and LocalQueues, as a batch user does.
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "team-a-reader", "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": ["kueue.x-k8s.io"],
+                    "resources": ["workloads", "localqueues"],
+                    "verbs": ["get", "list"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "team-a-reader", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "team-a-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "team-a", "namespace": namespace}],
+        },
     )
     try:
         viewer = _kubeconfig_for(cluster, tmp_path, namespace, "viewer")
@@ -310,6 +349,11 @@ def _run_scenario(
             assert [i["positionInClusterQueue"] for i in items] == [
                 i["positionInClusterQueue"] for i in mine
             ]
+            # `phalanx list workload` (the kubectl-phalanx plugin) shows the same positions.
+            listed = _list_positions(team_a, namespace, lq)
+            assert listed == {
+                i["metadata"]["name"]: str(i["positionInLocalQueue"]) for i in items
+            }, listed
         page = _ok(cluster, viewer, f"{cq_path}?limit=2&offset=1")
         assert [i["metadata"]["name"] for i in page["items"]] == order[1:3]
 

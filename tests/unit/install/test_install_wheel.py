@@ -42,6 +42,9 @@ def test_the_wheel_installs_into_a_clean_venv_and_its_entrypoint_runs(tmp_path: 
     # Run from a folder without the checkout: the installed package, not src/, answers.
     assert "--webhook-timeout-seconds" in _run(phalanx, "operator", "--help", cwd=tmp_path)
     assert _run(phalanx, "--version", cwd=tmp_path).strip() == "phalanx 0.1.0"
+    # The kubectl plugin: `kubectl phalanx list ...` runs this script from PATH.
+    plugin = clean / "bin" / "kubectl-phalanx"
+    assert "workload, wl" in _run(plugin, "list", "--help", cwd=tmp_path)
     where = _run(
         clean / "bin" / "python", "-c", "import phalanx; print(phalanx.__file__)", cwd=tmp_path
     )
