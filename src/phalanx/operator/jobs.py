@@ -91,6 +91,18 @@ def queue_name(job: Mapping[str, Any]) -> str | None:
     return str(value) if value else None
 
 
+def owned_by_jobset(job: Mapping[str, Any]) -> bool:
+    """Whether a JobSet made the Job (its controller owner): the JobSet is what is queued,
+    so a queue label its replicated job's template carries does not queue the Job itself
+    (Kueue skips a Job whose owner is a kind it manages)."""
+    for owner in (job.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("controller") and str(owner.get("apiVersion", "")).startswith(
+            "jobset.x-k8s.io/"
+        ):
+            return True
+    return False
+
+
 class InvalidJob(ValueError):
     """The Job cannot be represented by a Workload; the message names the field and the fix."""
 
@@ -415,7 +427,7 @@ class JobIntegration:
     kind = "Job"
 
     def queue_name(self, obj: Mapping[str, Any]) -> str | None:
-        return queue_name(obj)
+        return None if owned_by_jobset(obj) else queue_name(obj)
 
     def workload_name(self, obj: Mapping[str, Any]) -> str:
         metadata = obj["metadata"]

@@ -180,8 +180,11 @@ def _register_job_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool)
         persistent=persistent,
         registry=registry,
     )
-    async def suspend_job(patch: kopf.Patch, **_: Any) -> None:
-        # Kueue's rule: a queued Job is created suspended; admission unsuspends it.
+    async def suspend_job(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        # Kueue's rule: a queued Job is created suspended; admission unsuspends it. A
+        # JobSet's Job is the JobSet's to hold (its template may carry the label).
+        if jobs.owned_by_jobset(body):
+            return
         patch.setdefault("spec", {})["suspend"] = True
 
     @kopf.on.validate(
@@ -196,6 +199,8 @@ def _register_job_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool)
     )
     async def validate_queued_job(body: kopf.Body, **kwargs: Any) -> None:
         # kopf passes the previous object as ``old`` on an UPDATE (None on a CREATE).
+        if jobs.owned_by_jobset(body):
+            return
         errors = validate_job(body, old=kwargs.get("old"))
         if errors:
             name = body.get("metadata", {}).get("name", "")

@@ -261,3 +261,30 @@ def test_the_pod_webhook_gates_labelled_pods_outside_system_namespaces() -> None
     only_jobs = kopf.OperatorRegistry()
     register_webhooks(only_jobs, validator=lambda obj: [], frameworks=("batch/job",))
     assert "gate-queued-pods" not in {h.id for h in only_jobs._webhooks.get_all_handlers()}
+
+
+def test_a_jobsets_job_is_left_to_the_jobset_even_with_a_queue_label() -> None:
+    # A replicated job's template may carry the queue label; the JobSet is what is queued,
+    # so its Jobs are neither suspended by the Job webhook nor given Workloads of their own.
+    from phalanx.operator import jobs
+
+    job = {
+        "metadata": {
+            "name": "train-workers-0",
+            "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                    "kind": "JobSet",
+                    "name": "train",
+                    "controller": True,
+                }
+            ],
+        }
+    }
+    assert jobs.owned_by_jobset(job)
+    assert jobs.JOB.queue_name(job) is None
+    plain = {"metadata": {"name": "j", "labels": {"kueue.x-k8s.io/queue-name": "lq"}}}
+    assert not jobs.owned_by_jobset(plain) and jobs.JOB.queue_name(plain) == "lq"
+    job["metadata"]["ownerReferences"][0]["controller"] = False
+    assert not jobs.owned_by_jobset(job), "only the controller owner counts"
