@@ -279,8 +279,13 @@ def test_sample_jobs_partial_admission_cronjob_and_elastic_job(
 ) -> None:
     op = phalanx_operator
     apply_example(cluster, "v1beta2/admin/single-clusterqueue-setup.yaml", namespace, owned)
-    # The CronJob runs every minute: apply it first, look for its Job last.
-    apply_example(cluster, "v1beta2/jobs/sample-cronjob.yaml", namespace, owned)
+    # The CronJob runs every minute: it is applied suspended (Kueue's example as published
+    # otherwise) and resumed after the partial-admission check, whose count would change
+    # with a CronJob Job holding 3 of the 9 CPUs when it is admitted.
+    cron = placed(load("v1beta2/jobs/sample-cronjob.yaml"), namespace)
+    for doc in cron:
+        doc["spec"]["suspend"] = True
+    cluster.kubectl_ok("apply", "-f", "-", input=yaml.safe_dump_all(cron))
 
     job = create_job(cluster, "v1beta2/jobs/sample-job.yaml", namespace)
     assert job.startswith("sample-job-")
@@ -301,6 +306,11 @@ def test_sample_jobs_partial_admission_cronjob_and_elastic_job(
     wl = admitted(cluster, namespace, elastic, op)
     assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 3
     cluster.kubectl_ok("delete", "job", elastic, "-n", namespace, "--wait=false")
+
+    cluster.kubectl_ok(
+        "patch", "cronjob", "sample-cronjob", "-n", namespace, "--type=merge",
+        "-p", '{"spec":{"suspend":false}}',
+    )  # fmt: skip
 
     def cron_job() -> str | None:
         for j in get_list(cluster, "jobs", namespace):
