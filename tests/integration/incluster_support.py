@@ -366,7 +366,7 @@ class InClusterInstall:
             elif key == "--health-probe-port":
                 arg = f"--health-probe-port={health_port}"
             elif key == "--visibility-port":
-                arg = f"--visibility-port={visibility_port or free_port()}"
+                arg = f"--visibility-port={visibility_port or free_port(self.address)}"
             arg = arg.replace("$(POD_NAMESPACE)", NAMESPACE).replace("$(POD_NAME)", name)
             out.append(arg)
         return [
@@ -394,8 +394,8 @@ class InClusterInstall:
             sa_dir.joinpath("ca.crt").write_bytes(self.sa_dir.joinpath("ca.crt").read_bytes())
             sa_dir.joinpath("namespace").write_text(NAMESPACE)
             credential = credential_id(token)
-        webhook_port, metrics_port, health_port = free_port(), free_port(), free_port()
-        visibility_port = free_port()
+        webhook_port, metrics_port, health_port = free_port(self.address), free_port(), free_port()
+        visibility_port = free_port(self.address)  # both served on the host's address
         self._publish(name, webhook_port)
         host, port = self._server()
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,12 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from phalanx.bench.proc import webhook_args
+from phalanx.bench.proc import free_port, webhook_args
 from phalanx.devcluster.handle import ClusterHandle
 
 REPO = Path(__file__).resolve().parents[2]
 PHALANX = Path(sys.executable).with_name("phalanx")
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def visibility(
 ) -> Iterator[OperatorProcess]:
     """The operator serving the API, and the APIService routed to it (Available)."""
     address = host_address()
-    port = free_port()
+    port = free_port(address)
     op = start_operator(
         cluster,
         tmp_path_factory.mktemp("operator"),

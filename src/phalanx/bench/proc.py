@@ -39,10 +39,25 @@ __all__ = [
 READY_LINE = "event=scheduler_ready"
 
 
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host`` now and that this process has not handed out
+    before. Bind-and-release only proves the port free on the address tried: a port free on
+    127.0.0.1 may be taken on the host's own address, so ask on the address the server will
+    use; and a port handed out earlier may not be bound yet by whoever got it, so never hand
+    it out twice."""
+    with _HANDED_OUT_LOCK:
+        for _ in range(100):
+            with contextlib.closing(socket.socket()) as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError(f"no free port on {host} that this process has not handed out already")
 
 
 @dataclass(frozen=True)
