@@ -46,11 +46,6 @@ ACCEPTED_NOT_ACTED_ON: Mapping[tuple[str, str], str] = {
 """Fields in the schema (so writing them works) that Phalanx does not act on or write; a
 row's children share its verdict."""
 
-_TAS = "Workload", "status.admission.podSetAssignments[].topologyAssignment.slices[]"
-_ENCODING = (
-    "Phalanx writes the same assignment as podCounts[] / universalPodCount and"
-    " valuesPerLevel[].roots, prefix, suffix / universalValue (docs/placement.md)"
-)
 _CHECK_TOLERATIONS = "status.admissionChecks[].podSetUpdates[].tolerations[]"
 NOT_IN_SCHEMA: Mapping[tuple[str, str], str] = {
     **{
@@ -60,13 +55,6 @@ NOT_IN_SCHEMA: Mapping[tuple[str, str], str] = {
         )
         for name in ("effect", "key", "operator", "tolerationSeconds", "value")
     },
-    (_TAS[0], f"{_TAS[1]}.podCounts.individual"): _ENCODING,
-    (_TAS[0], f"{_TAS[1]}.podCounts.universal"): _ENCODING,
-    (_TAS[0], f"{_TAS[1]}.valuesPerLevel[].individual"): _ENCODING,
-    (_TAS[0], f"{_TAS[1]}.valuesPerLevel[].individual.prefix"): _ENCODING,
-    (_TAS[0], f"{_TAS[1]}.valuesPerLevel[].individual.roots"): _ENCODING,
-    (_TAS[0], f"{_TAS[1]}.valuesPerLevel[].individual.suffix"): _ENCODING,
-    (_TAS[0], f"{_TAS[1]}.valuesPerLevel[].universal"): _ENCODING,
 }
 """Kueue fields with no place in Phalanx's schema, and what Phalanx has instead."""
 

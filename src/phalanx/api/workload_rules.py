@@ -16,6 +16,7 @@ from phalanx.api.workload_status import (
     TopologyAssignment,
     TopologyAssignmentSlice,
     TopologyAssignmentSliceLevelValues,
+    TopologyAssignmentSlicePodCounts,
 )
 
 __all__ = ["WORKLOAD_RULES"]
@@ -152,50 +153,43 @@ WORKLOAD_RULES: tuple[Rule[Any], ...] = (
     Rule(
         name="TopologyAssignmentSlice-pod-counts-length",
         model=TopologyAssignmentSlice,
-        cel="!has(self.podCounts) || size(self.podCounts) == self.domainCount",
-        message="podCounts must have domainCount entries",
+        cel="!has(self.podCounts.individual) ||"
+        " size(self.podCounts.individual) == self.domainCount",
+        message="podCounts.individual must have length equal to domainCount",
         check=lambda s: (
-            ["podCounts"]
-            if s.pod_counts is not None and len(s.pod_counts) != s.domain_count
+            ["podCounts.individual"]
+            if s.pod_counts.individual is not None
+            and len(s.pod_counts.individual) != s.domain_count
             else []
         ),
-        field_path=".podCounts",
+        field_path=".podCounts.individual",
     ),
     Rule(
-        name="TopologyAssignmentSlice-one-count-form",
-        model=TopologyAssignmentSlice,
-        cel="has(self.podCounts) != has(self.universalPodCount)",
-        message="set exactly one of podCounts and universalPodCount",
-        check=lambda s: [""] if (s.pod_counts is None) == (s.universal_pod_count is None) else [],
+        name="TopologyAssignmentSlicePodCounts-one-form",
+        model=TopologyAssignmentSlicePodCounts,
+        cel="has(self.universal) != has(self.individual)",
+        message="exactly one of the fields in [universal individual] must be set",
+        check=lambda c: [""] if (c.universal is None) == (c.individual is None) else [],
     ),
     Rule(
         name="TopologyAssignmentSlice-roots-length",
         model=TopologyAssignmentSlice,
-        cel="self.valuesPerLevel.all(x, !has(x.roots) || size(x.roots) == self.domainCount)",
-        message="roots, when set, must have domainCount entries",
+        cel="self.valuesPerLevel.all(x, !has(x.individual) ||"
+        " size(x.individual.roots) == self.domainCount)",
+        message="valuesPerLevel.individual, if set, must have roots of length equal to"
+        " domainCount of this TopologyAssignmentSlice",
         check=lambda s: [
-            f"valuesPerLevel[{i}].roots"
+            f"valuesPerLevel[{i}].individual.roots"
             for i, v in enumerate(s.values_per_level)
-            if v.roots is not None and len(v.roots) != s.domain_count
+            if v.individual is not None and len(v.individual.roots) != s.domain_count
         ],
         field_path=".valuesPerLevel",
     ),
     Rule(
-        name="TopologyAssignmentSliceLevelValues-one-value-form",
+        name="TopologyAssignmentSliceLevelValues-one-form",
         model=TopologyAssignmentSliceLevelValues,
-        cel="has(self.roots) != has(self.universalValue)",
-        message="set exactly one of roots and universalValue",
-        check=lambda v: [""] if (v.roots is None) == (v.universal_value is None) else [],
-    ),
-    Rule(
-        name="TopologyAssignmentSliceLevelValues-universal-alone",
-        model=TopologyAssignmentSliceLevelValues,
-        cel="!(has(self.universalValue) && (has(self.prefix) || has(self.suffix)))",
-        message="universalValue cannot be combined with prefix or suffix",
-        check=lambda v: (
-            [""]
-            if v.universal_value is not None and (v.prefix is not None or v.suffix is not None)
-            else []
-        ),
+        cel="has(self.universal) != has(self.individual)",
+        message="exactly one of the fields in [universal individual] must be set",
+        check=lambda v: [""] if (v.universal is None) == (v.individual is None) else [],
     ),
 )

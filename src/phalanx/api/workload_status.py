@@ -31,7 +31,9 @@ __all__ = [
     "SchedulingStatsEviction",
     "TopologyAssignment",
     "TopologyAssignmentSlice",
+    "TopologyAssignmentSliceLevelIndividualValues",
     "TopologyAssignmentSliceLevelValues",
+    "TopologyAssignmentSlicePodCounts",
     "UnhealthyNode",
     "WorkloadStatus",
 ]
@@ -40,22 +42,39 @@ DomainValue = Annotated[str, Field(max_length=63)]
 TopologyLevelLabel = Annotated[str, Field(max_length=317)]
 
 
-class TopologyAssignmentSliceLevelValues(KueueModel):
-    """The domain values, at one level, of the domains of a slice. Kueue's compact encoding:
-    common prefix and suffix are factored out, and a value shared by all domains is written
-    once."""
+class TopologyAssignmentSliceLevelIndividualValues(KueueModel):
+    """Different values for the domains of a slice, at one level. Kueue's compact encoding:
+    the common prefix and suffix are written once."""
 
     prefix: DomainValue | None = None
     suffix: DomainValue | None = None
-    roots: list[DomainValue] | None = Field(
+    roots: list[DomainValue] = Field(
+        min_length=1, max_length=100_000, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    """One value per domain, without prefix and suffix."""
+
+
+class TopologyAssignmentSliceLevelValues(KueueModel):
+    """The domain values, at one level, of the domains of a slice: one value for all of them
+    (``universal``) or one each (``individual``)."""
+
+    universal: DomainValue | None = None
+    """The value of every domain of the slice."""
+    individual: TopologyAssignmentSliceLevelIndividualValues | None = None
+
+
+class TopologyAssignmentSlicePodCounts(KueueModel):
+    """Pods per domain of a slice: the same number in each (``universal``) or one each."""
+
+    universal: Int32 | None = Field(default=None, ge=1)
+    """Pods in every domain of the slice."""
+    individual: list[Annotated[Int32, Field(ge=1)]] | None = Field(
         default=None,
         min_length=1,
         max_length=100_000,
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
-    """One value per domain, without prefix and suffix."""
-    universal_value: DomainValue | None = None
-    """The value of every domain of the slice."""
+    """Pods in each domain, in order."""
 
 
 class TopologyAssignmentSlice(KueueModel):
@@ -66,15 +85,7 @@ class TopologyAssignmentSlice(KueueModel):
         min_length=1, max_length=16, json_schema_extra={"x-kubernetes-list-type": "atomic"}
     )
     """One entry per level of the assignment."""
-    pod_counts: list[Int32] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=100_000,
-        json_schema_extra={"x-kubernetes-list-type": "atomic"},
-    )
-    """Pods per domain."""
-    universal_pod_count: Int32 | None = None
-    """Pods in every domain of the slice."""
+    pod_counts: TopologyAssignmentSlicePodCounts
 
 
 class TopologyAssignment(KueueModel):

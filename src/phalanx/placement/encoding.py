@@ -8,16 +8,16 @@ thousands of nodes stay under etcd's object size limit::
     slices:
     - domainCount: 3
       valuesPerLevel:
-      - {prefix: node-b0-r2-n, roots: ["1", "4", "7"]}   # or: {universalValue: <value>}
-      universalPodCount: 2                              # or: podCounts: [2, 1, 3]
+      - individual: {prefix: node-b0-r2-n, roots: ["1", "4", "7"]}  # or: universal: <value>
+      podCounts: {universal: 2}                         # or: {individual: [2, 1, 3]}
 
 That is Kueue's wire form (``TopologyAssignmentSlice``, ``TopologyAssignmentSliceLevelValues``
 in ``apis/kueue/v1beta2/workload_types.go``), which the Workload CRD accepts as is. Phalanx
 writes one slice per pod set, compacted the way Kueue's default encoder does
 (``singleCompactTopologyAssignmentEncoding``): a level whose values are all equal becomes
-``universalValue``; otherwise the longest common prefix and suffix are lifted out
-(non-overlapping) and only the remaining ``roots`` are listed; equal pod counts become
-``universalPodCount``.
+``universal``; otherwise the longest common prefix and suffix are lifted out
+(non-overlapping) and only the remaining ``individual.roots`` are listed; equal pod counts
+become ``podCounts.universal``.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def encode_topology_assignment(
         counts = [count for _, count in domains]
         piece: dict[str, Any] = {"domainCount": len(domains), "valuesPerLevel": values_per_level}
         if all(c == counts[0] for c in counts):
-            piece["universalPodCount"] = counts[0]
+            piece["podCounts"] = {"universal": counts[0]}
         else:
-            piece["podCounts"] = counts
+            piece["podCounts"] = {"individual": counts}
         slices.append(piece)
     return {"levels": list(levels), "slices": slices}
 
@@ -53,7 +53,7 @@ def encode_topology_assignment(
 def _compact_values(values: list[str]) -> dict[str, Any]:
     first = values[0]
     if all(v == first for v in values):
-        return {"universalValue": first}
+        return {"universal": first}
     prefix = _common_prefix(values)
     suffix = _common_prefix([v[::-1] for v in values])[::-1]
     shortest = min(len(v) for v in values)
@@ -66,7 +66,7 @@ def _compact_values(values: list[str]) -> dict[str, Any]:
     if suffix:
         out["suffix"] = suffix
     out["roots"] = [v[len(prefix) : len(v) - len(suffix)] for v in values]
-    return out
+    return {"individual": out}
 
 
 def _common_prefix(values: list[str]) -> str:
@@ -81,7 +81,8 @@ def decode_topology_assignment(
     assignment: Mapping[str, Any],
 ) -> tuple[tuple[str, ...], tuple[DomainCount, ...]]:
     """Inverse of :func:`encode_topology_assignment`; accepts any valid v1beta2 slices form
-    (several slices, prefix/suffix/roots or universalValue, podCounts or universalPodCount).
+    (several slices, ``universal`` or ``individual`` prefix/suffix/roots values, ``universal``
+    or ``individual`` pod counts).
 
     Raises ValueError naming the field when the structure is inconsistent.
     """
@@ -108,24 +109,28 @@ def decode_topology_assignment(
 
 
 def _expand_values(values: Mapping[str, Any], count: int, where: str) -> list[str]:
-    if ("universalValue" in values) == ("roots" in values):
-        raise ValueError(f"{where}: exactly one of roots, universalValue must be set")
-    if "universalValue" in values:
-        return [str(values["universalValue"])] * count
-    roots = [str(r) for r in values["roots"]]
+    if ("universal" in values) == ("individual" in values):
+        raise ValueError(f"{where}: exactly one of universal, individual must be set")
+    if "universal" in values:
+        return [str(values["universal"])] * count
+    individual = values["individual"]
+    roots = [str(r) for r in individual["roots"]]
     if len(roots) != count:
-        raise ValueError(f"{where}.roots: has {len(roots)} values, domainCount {count}")
-    prefix = str(values.get("prefix") or "")
-    suffix = str(values.get("suffix") or "")
+        raise ValueError(f"{where}.individual.roots: has {len(roots)} values, domainCount {count}")
+    prefix = str(individual.get("prefix") or "")
+    suffix = str(individual.get("suffix") or "")
     return [prefix + root + suffix for root in roots]
 
 
 def _expand_counts(piece: Mapping[str, Any], count: int, where: str) -> list[int]:
-    if ("universalPodCount" in piece) == ("podCounts" in piece):
-        raise ValueError(f"{where}: exactly one of podCounts, universalPodCount must be set")
-    if "universalPodCount" in piece:
-        return [int(piece["universalPodCount"])] * count
-    counts = [int(c) for c in piece["podCounts"]]
+    counts_field = piece.get("podCounts") or {}
+    if ("universal" in counts_field) == ("individual" in counts_field):
+        raise ValueError(f"{where}.podCounts: exactly one of universal, individual must be set")
+    if "universal" in counts_field:
+        return [int(counts_field["universal"])] * count
+    counts = [int(c) for c in counts_field["individual"]]
     if len(counts) != count:
-        raise ValueError(f"{where}.podCounts: has {len(counts)} counts, domainCount {count}")
+        raise ValueError(
+            f"{where}.podCounts.individual: has {len(counts)} counts, domainCount {count}"
+        )
     return counts

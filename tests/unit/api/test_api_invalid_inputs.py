@@ -414,10 +414,10 @@ CASES: list[tuple[str, Callable[[], Raw], str, str]] = [
         lambda: _set(
             load_raw("workload"),
             "status.admission.podSetAssignments.1.topologyAssignment.slices.0.podCounts",
-            [1] * 8,
+            {"universal": 1, "individual": [1] * 8},
         ),
-        "status.admission.podSetAssignments[1].topologyAssignment.slices[0]",
-        "exactly one of podCounts and universalPodCount",
+        "status.admission.podSetAssignments[1].topologyAssignment.slices[0].podCounts",
+        "exactly one of the fields in [universal individual] must be set",
     ),
     (
         "slice level without slice size",

@@ -108,19 +108,38 @@ EXTRA: list[dict[str, Any]] = [
         }
     ),
     minimal_workload({"template": {}, "topologyRequest": {"podSetSliceSize": 1}}),
-    _assigned({"domainCount": 2, "valuesPerLevel": [{"roots": ["a", "b"]}], "podCounts": [1]}),
-    _assigned({"domainCount": 2, "valuesPerLevel": [{"roots": ["a"]}], "universalPodCount": 1}),
-    _assigned({"domainCount": 1, "valuesPerLevel": [{"universalValue": "a"}]}),
+    _assigned(
+        {
+            "domainCount": 2,
+            "valuesPerLevel": [{"individual": {"roots": ["a", "b"]}}],
+            "podCounts": {"individual": [1]},
+        }
+    ),
+    _assigned(
+        {
+            "domainCount": 2,
+            "valuesPerLevel": [{"individual": {"roots": ["a"]}}],
+            "podCounts": {"universal": 1},
+        }
+    ),
+    _assigned({"domainCount": 1, "valuesPerLevel": [{"universal": "a"}], "podCounts": {}}),
     _assigned(
         {
             "domainCount": 1,
-            "valuesPerLevel": [{"universalValue": "a", "prefix": "p"}],
-            "universalPodCount": 1,
+            "valuesPerLevel": [{"universal": "a"}],
+            "podCounts": {"universal": 1, "individual": [1]},
         }
     ),
-    _assigned({"domainCount": 1, "valuesPerLevel": [{}], "universalPodCount": 1}),
     _assigned(
-        {"domainCount": 1, "valuesPerLevel": [{"universalValue": "a"}], "universalPodCount": 1},
+        {
+            "domainCount": 1,
+            "valuesPerLevel": [{"universal": "a", "individual": {"roots": ["a"]}}],
+            "podCounts": {"universal": 1},
+        }
+    ),
+    _assigned({"domainCount": 1, "valuesPerLevel": [{}], "podCounts": {"universal": 1}}),
+    _assigned(
+        {"domainCount": 1, "valuesPerLevel": [{"universal": "a"}], "podCounts": {"universal": 1}},
         levels=2,
     ),
     minimal_cq(

@@ -310,10 +310,10 @@ def test_a_v1beta1_workload_converts_to_a_valid_v1beta2_workload() -> None:
             {
                 "domainCount": 3,
                 "valuesPerLevel": [
-                    {"universalValue": "rack-1"},
-                    {"prefix": "rack-1-node-", "roots": ["1", "2", "3"]},
+                    {"universal": "rack-1"},
+                    {"individual": {"prefix": "rack-1-node-", "roots": ["1", "2", "3"]}},
                 ],
-                "universalPodCount": 2,
+                "podCounts": {"universal": 2},
             }
         ],
     }
@@ -332,8 +332,8 @@ def test_a_topology_assignment_of_several_slices_comes_back_as_one_with_the_same
     split_assignment["slices"] = [
         {
             "domainCount": 1,
-            "valuesPerLevel": [{"universalValue": v["values"][0]}],
-            "universalPodCount": v["count"],
+            "valuesPerLevel": [{"universal": v["values"][0]}],
+            "podCounts": {"universal": v["count"]},
         }
         for v in domains["domains"]
     ]

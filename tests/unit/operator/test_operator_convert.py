@@ -259,8 +259,10 @@ def test_topology_assignment_is_written_in_kueue_wire_form_and_read_back() -> No
         "slices": [
             {
                 "domainCount": 3,
-                "valuesPerLevel": [{"prefix": "gpu-b0-r0-h", "roots": ["0", "1", "3"]}],
-                "universalPodCount": 1,
+                "valuesPerLevel": [
+                    {"individual": {"prefix": "gpu-b0-r0-h", "roots": ["0", "1", "3"]}}
+                ],
+                "podCounts": {"universal": 1},
             }
         ],
     }

@@ -17,10 +17,10 @@ BLOCK_RACK_EXAMPLE: dict[str, Any] = {
         {
             "domainCount": 2,
             "valuesPerLevel": [
-                {"universalValue": "block-1"},
-                {"prefix": "rack-", "roots": ["1", "2"]},
+                {"universal": "block-1"},
+                {"individual": {"prefix": "rack-", "roots": ["1", "2"]}},
             ],
-            "podCounts": [4, 2],
+            "podCounts": {"individual": [4, 2]},
         }
     ],
 }
@@ -34,18 +34,20 @@ def test_encodes_the_kep_example() -> None:
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        (["a1", "a1"], {"universalValue": "a1"}),
-        (["a1", "b2"], {"roots": ["a1", "b2"]}),
-        (["node-1-x", "node-22-x"], {"prefix": "node-", "suffix": "-x", "roots": ["1", "22"]}),
+        (["a1", "a1"], {"universal": "a1"}),
+        (["a1", "b2"], {"individual": {"roots": ["a1", "b2"]}}),
+        (
+            ["node-1-x", "node-22-x"],
+            {"individual": {"prefix": "node-", "suffix": "-x", "roots": ["1", "22"]}},
+        ),
         # prefix and suffix must not overlap ("aba" is both of "aba" and "ababa")
-        (["aba", "ababa"], {"suffix": "aba", "roots": ["", "ab"]}),
+        (["aba", "ababa"], {"individual": {"suffix": "aba", "roots": ["", "ab"]}}),
     ],
 )
 def test_compacts_values(values: list[str], expected: dict[str, Any]) -> None:
     encoded = encode_topology_assignment([HOST], [((v,), 1) for v in values])
     assert encoded["slices"][0]["valuesPerLevel"][0] == expected
-    assert encoded["slices"][0]["universalPodCount"] == 1
-    assert "podCounts" not in encoded["slices"][0]
+    assert encoded["slices"][0]["podCounts"] == {"universal": 1}
     _, decoded = decode_topology_assignment(encoded)
     assert [d[0][0] for d in decoded] == values
 
@@ -62,13 +64,13 @@ def test_kueue_multi_slice_form_decodes() -> None:
             "slices": [
                 {
                     "domainCount": 2,
-                    "valuesPerLevel": [{"prefix": "b1-r1-n", "roots": ["1", "2"]}],
-                    "universalPodCount": 1,
+                    "valuesPerLevel": [{"individual": {"prefix": "b1-r1-n", "roots": ["1", "2"]}}],
+                    "podCounts": {"universal": 1},
                 },
                 {
                     "domainCount": 1,
-                    "valuesPerLevel": [{"universalValue": "b1-r2-n1"}],
-                    "podCounts": [3],
+                    "valuesPerLevel": [{"universal": "b1-r2-n1"}],
+                    "podCounts": {"individual": [3]},
                 },
             ],
         }
@@ -98,12 +100,12 @@ def test_round_trip() -> None:
                 "slices": [
                     {
                         "domainCount": 2,
-                        "valuesPerLevel": [{"roots": ["a"]}],
-                        "universalPodCount": 1,
+                        "valuesPerLevel": [{"individual": {"roots": ["a"]}}],
+                        "podCounts": {"universal": 1},
                     }
                 ],
             },
-            "slices[0].valuesPerLevel[0].roots",
+            "slices[0].valuesPerLevel[0].individual.roots",
         ),
         (
             {
@@ -111,19 +113,19 @@ def test_round_trip() -> None:
                 "slices": [
                     {
                         "domainCount": 1,
-                        "valuesPerLevel": [{"roots": ["a"], "universalValue": "a"}],
-                        "universalPodCount": 1,
+                        "valuesPerLevel": [{"individual": {"roots": ["a"]}, "universal": "a"}],
+                        "podCounts": {"universal": 1},
                     }
                 ],
             },
-            "exactly one of roots, universalValue",
+            "exactly one of universal, individual",
         ),
         (
             {
                 "levels": [HOST],
-                "slices": [{"domainCount": 1, "valuesPerLevel": [{"universalValue": "a"}]}],
+                "slices": [{"domainCount": 1, "valuesPerLevel": [{"universal": "a"}]}],
             },
-            "exactly one of podCounts, universalPodCount",
+            "podCounts: exactly one of universal, individual",
         ),
         (
             {
@@ -131,12 +133,12 @@ def test_round_trip() -> None:
                 "slices": [
                     {
                         "domainCount": 2,
-                        "valuesPerLevel": [{"universalValue": "a"}],
-                        "podCounts": [1],
+                        "valuesPerLevel": [{"universal": "a"}],
+                        "podCounts": {"individual": [1]},
                     }
                 ],
             },
-            "slices[0].podCounts",
+            "slices[0].podCounts.individual",
         ),
     ],
 )
