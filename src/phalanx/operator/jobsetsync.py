@@ -13,22 +13,21 @@ suspended again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
 from phalanx.operator import conditions as cond
 from phalanx.operator import integration, jobs
 from phalanx.operator import jobset as rules
+from phalanx.operator.keyed import KeyedQueue
 from phalanx.operator.kube import JOBSETS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
-from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
+from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter
 
 __all__ = ["JobSetController"]
 
-_BACKOFF = Backoff()
 _KIND = rules.KIND
 
 logger = logging.getLogger(__name__)
@@ -60,42 +59,42 @@ class JobSetController:
         self.ready = ready or asyncio.Event()
         if ready is None:
             self.ready.set()
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        self.work = KeyedQueue(
+            "jobsets",
+            lambda key: self.reconcile(key),
+            log_as="jobset",
+            ready=self.ready,
+            expected=(RetryLater, *TRANSIENT_ERRORS),
+        )
         self._pods_of: dict[str, set[str]] = {}  # jobset key -> keys of its live pods
         self._jobset_of_pod: dict[str, str] = {}
-        self._failures: dict[str, int] = {}
         self._refused: dict[str, tuple[str, str]] = {}  # key -> (reason, resourceVersion)
         self._waiting_for_class: dict[str, set[str]] = {}
-        self._task: asyncio.Task[Any] | None = None
         state.subscribe(self._on_change)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._worker(), name="phalanx-jobsets")
+        self.work.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.work.stop()
 
     # -- change routing -------------------------------------------------------------------------
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
         if kind == _KIND:
             if obj is None:
-                self._failures.pop(key, None)
+                self.work.forget(key)
                 self._refused.pop(key, None)
-            self._enqueue(key)
+            self.work.add(key)
         elif kind == "Workload" and obj is not None:
             owner = _owner_key(obj)
             if owner is not None:
-                self._enqueue(owner)
+                self.work.add(owner)
         elif kind == "Pod":
             self._track_pod(key, obj)
         elif kind == "WorkloadPriorityClass" and obj is not None:
             for waiting in sorted(self._waiting_for_class.pop(key, ())):
-                self._enqueue(waiting)
+                self.work.add(waiting)
 
     def _track_pod(self, key: str, obj: dict[str, Any] | None) -> None:
         old = self._jobset_of_pod.pop(key, None)
@@ -105,7 +104,7 @@ class JobSetController:
                 pods.discard(key)
                 if not pods:
                     del self._pods_of[old]
-                    self._enqueue(old)
+                    self.work.add(old)
         if obj is None:
             return
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -114,32 +113,6 @@ class JobSetController:
             owner = f"{obj['metadata']['namespace']}/{name}"
             self._jobset_of_pod[key] = owner
             self._pods_of.setdefault(owner, set()).add(key)
-
-    def _enqueue(self, key: str) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-
-    async def _worker(self) -> None:
-        await self.ready.wait()
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                if isinstance(error, RetryLater | TRANSIENT_ERRORS):
-                    logger.warning("event=jobset_reconcile_failed jobset=%s error=%r", key, error)
-                else:
-                    logger.exception("event=jobset_reconcile_failed jobset=%s", key)
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                asyncio.get_running_loop().call_later(
-                    _BACKOFF.delay(failures - 1), self._enqueue, key
-                )
-            else:
-                self._failures.pop(key, None)
 
     # -- what the scheduling loop asks ----------------------------------------------------------
 
@@ -285,7 +258,7 @@ class JobSetController:
             return
         self._refused[key] = seen
         logger.warning("event=jobset_refused jobset=%s reason=%s message=%r", key, reason, message)
-        await self.writer.event(_with_kind(obj), reason=reason, message=message, warning=warning)
+        await self.writer.event(obj, reason=reason, message=message, warning=warning)
 
     async def _start(self, obj: dict[str, Any], workload: dict[str, Any]) -> None:
         injections = integration.injections(workload, flavors=self.state.objects["ResourceFlavor"])
@@ -338,11 +311,6 @@ class JobSetController:
         self.metrics.api_write(_KIND, verb, ok=True)
         self.state.apply(_KIND, "MODIFIED", updated)
         return True
-
-
-def _with_kind(obj: dict[str, Any]) -> dict[str, Any]:
-    """A listed object carries no apiVersion/kind; the Event's involvedObject needs them."""
-    return {**obj, "apiVersion": rules.API_VERSION, "kind": _KIND}
 
 
 def _owner_key(workload: dict[str, Any]) -> str | None:

@@ -14,31 +14,27 @@ for the next step, so every step is idempotent and a restart resumes where it st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Collection
 from typing import Any
 
 from phalanx.operator import conditions as cond
 from phalanx.operator import integration, jobs
+from phalanx.operator.keyed import KeyedQueue
 from phalanx.operator.kube import JOBS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
-from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
+from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter
 
 __all__ = ["JobController"]
 
-_BACKOFF = Backoff()
 
 logger = logging.getLogger(__name__)
 
 
 class RetryLater(Exception):
     """A reconcile's write failed (logged where it failed); the Job is tried again later."""
-
-
-_RETRIED: tuple[type[BaseException], ...] = (RetryLater, *TRANSIENT_ERRORS)
 
 
 class JobController:
@@ -66,16 +62,19 @@ class JobController:
         self.ready = ready or asyncio.Event()
         if ready is None:
             self.ready.set()
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        self.work = KeyedQueue(
+            "jobs",
+            lambda key: self.reconcile(key),
+            log_as="job",
+            ready=self.ready,
+            expected=(RetryLater, *TRANSIENT_ERRORS),
+            workers=concurrency,
+        )
         # workload key -> job key, and back, for live Jobs only: a Job's deletion drops both.
         self._owner_of: dict[str, str] = {}
         self._workload_of: dict[str, str] = {}
         self._pods_of: dict[str, set[str]] = {}  # job key -> keys of its live pods
         self._job_of_pod: dict[str, str] = {}
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._failures: dict[str, int] = {}  # job key -> consecutive failed reconciles
-        self._retries: dict[str, asyncio.TimerHandle] = {}  # job key -> pending retry
         # WorkloadPriorityClass name -> Jobs waiting for it to exist; job key -> (reason,
         # resourceVersion) of the last refusal told on it.
         self._waiting_for_class: dict[str, set[str]] = {}
@@ -83,19 +82,10 @@ class JobController:
         state.subscribe(self._on_change)
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        for i in range(self.concurrency):
-            self._tasks.append(loop.create_task(self._worker(), name=f"phalanx-jobs-{i}"))
+        self.work.start()
 
     async def stop(self) -> None:
-        for handle in self._retries.values():
-            handle.cancel()
-        self._retries.clear()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.work.stop()
 
     # -- change routing -------------------------------------------------------------------------
 
@@ -106,14 +96,14 @@ class JobController:
         if kind == "WorkloadPriorityClass":
             if obj is not None:
                 for waiting in sorted(self._waiting_for_class.pop(key, ())):
-                    self._enqueue(waiting)
+                    self.work.add(waiting)
             return
         if kind == "Job":
             if obj is not None:
                 self._own(key, _workload_key(obj))
             else:
                 self._disown(key)
-            self._enqueue(key)
+            self.work.add(key)
         elif kind == "Workload":
             # A deleted Workload whose Job lives keeps its entry: the Job must hear of the
             # deletion (to create it again) and the next one has the same name.
@@ -121,7 +111,7 @@ class JobController:
             if job_key is None and obj is not None:
                 job_key = _owner_job_key(obj)
             if job_key is not None:
-                self._enqueue(job_key)
+                self.work.add(job_key)
 
     def _own(self, job_key: str, workload_key: str) -> None:
         old = self._workload_of.get(job_key)
@@ -135,10 +125,7 @@ class JobController:
         workload_key = self._workload_of.pop(job_key, None)
         if workload_key is not None and self._owner_of.get(workload_key) == job_key:
             del self._owner_of[workload_key]
-        handle = self._retries.pop(job_key, None)
-        if handle is not None:
-            handle.cancel()
-        self._failures.pop(job_key, None)
+        self.work.forget(job_key)
         self._refused.pop(job_key, None)
         for name in [n for n, jobs_ in self._waiting_for_class.items() if job_key in jobs_]:
             self._waiting_for_class[name].discard(job_key)
@@ -154,7 +141,7 @@ class JobController:
                 pods.discard(key)
                 if not pods:
                     del self._pods_of[old]
-                    self._enqueue(old)
+                    self.work.add(old)
         if obj is None:
             return
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -164,52 +151,9 @@ class JobController:
             self._job_of_pod[key] = job_key
             self._pods_of.setdefault(job_key, set()).add(key)
 
-    def _enqueue(self, job_key: str) -> None:
-        if job_key not in self._queued:
-            self._queued.add(job_key)
-            self._queue.put_nowait(job_key)
-
     def requeue_all(self) -> None:
         for key in list(self.state.objects["Job"]):
-            self._enqueue(key)
-
-    async def _worker(self) -> None:
-        await self.ready.wait()
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except _RETRIED as error:
-                # Logged where it failed, or the API server is unreachable: no traceback.
-                if not isinstance(error, RetryLater):
-                    logger.warning("event=job_reconcile_failed job=%s error=%r", key, error)
-                self._retry_later(key)
-            except Exception:
-                logger.exception("event=job_reconcile_failed job=%s", key)
-                self._retry_later(key)
-            else:
-                self._failures.pop(key, None)
-
-    def _retry_later(self, key: str) -> None:
-        """Reconcile ``key`` again after a per-Job exponential backoff (0.5 s doubling to
-        30 s), as a rate-limited workqueue does: a write that failed (the API server or the
-        webhook was away) must not wait for the Job to change before it is tried again."""
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = _BACKOFF.delay(failures - 1)
-        loop = asyncio.get_running_loop()
-        pending = self._retries.get(key)
-        if pending is not None:
-            if pending.when() <= loop.time() + delay:
-                return  # an earlier retry is already due
-            pending.cancel()
-        self._retries[key] = loop.call_later(delay, self._retry_now, key)
-
-    def _retry_now(self, key: str) -> None:
-        self._retries.pop(key, None)
-        self._enqueue(key)
+            self.work.add(key)
 
     # -- what the scheduling loop asks ----------------------------------------------------------
 

@@ -11,15 +11,15 @@ finished from one that was deleted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
 from phalanx.operator import conditions as cond
 from phalanx.operator import integration, jobs, pods
+from phalanx.operator.keyed import KeyedQueue
 from phalanx.operator.kube import JSON_PATCH, PODS, WORKLOADS, ApiError, KubeApi
 from phalanx.operator.metrics import Metrics
-from phalanx.operator.retry import TRANSIENT_ERRORS, Backoff
+from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter
 
@@ -28,7 +28,6 @@ __all__ = ["FRAMEWORK", "PodGroupController"]
 FRAMEWORK = "pod"
 """Kueue's ``integrations.frameworks`` name of this integration."""
 
-_BACKOFF = Backoff()
 
 logger = logging.getLogger(__name__)
 
@@ -52,25 +51,25 @@ class PodGroupController:
         self.ready = ready or asyncio.Event()
         if ready is None:
             self.ready.set()
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        self.work = KeyedQueue(
+            "pods",
+            lambda key: self.reconcile(key),
+            log_as="pod_group",
+            ready=self.ready,
+            expected=TRANSIENT_ERRORS,
+        )
         self._groups: dict[str, pods.Group] = {}
         self._members: dict[str, set[str]] = {}  # group key -> keys of its live pods
         self._group_of_pod: dict[str, str] = {}
         self._told: dict[str, str] = {}  # group key -> last message told on it
         self._stopping: set[str] = set()  # group keys whose pods were deleted for an eviction
-        self._failures: dict[str, int] = {}
-        self._task: asyncio.Task[Any] | None = None
         state.subscribe(self._on_change)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._worker(), name="phalanx-pods")
+        self.work.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.work.stop()
 
     # -- change routing -------------------------------------------------------------------------
 
@@ -79,43 +78,17 @@ class PodGroupController:
             old = self._group_of_pod.pop(key, None)
             if old is not None:
                 self._members.get(old, set()).discard(key)
-                self._enqueue(old)
+                self.work.add(old)
             group = pods.group_of(obj) if obj is not None else None
             if group is not None:
                 self._groups[group.key] = group
                 self._group_of_pod[key] = group.key
                 self._members.setdefault(group.key, set()).add(key)
-                self._enqueue(group.key)
+                self.work.add(group.key)
         elif kind == "Workload" and obj is not None:
             group_key = _group_key_of_workload(obj)
             if group_key is not None and group_key in self._groups:
-                self._enqueue(group_key)
-
-    def _enqueue(self, key: str) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-
-    async def _worker(self) -> None:
-        await self.ready.wait()
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                if isinstance(error, TRANSIENT_ERRORS):
-                    logger.warning("event=pod_group_reconcile_failed group=%s error=%r", key, error)
-                else:
-                    logger.exception("event=pod_group_reconcile_failed group=%s", key)
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                asyncio.get_running_loop().call_later(
-                    _BACKOFF.delay(failures - 1), self._enqueue, key
-                )
-            else:
-                self._failures.pop(key, None)
+                self.work.add(group_key)
 
     # -- what the scheduling loop asks ----------------------------------------------------------
 

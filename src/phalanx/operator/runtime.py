@@ -37,6 +37,7 @@ from phalanx.operator.jobset import FRAMEWORK as FRAMEWORK_JOBSET
 from phalanx.operator.jobset import JOBSET_NAME_LABEL
 from phalanx.operator.jobsetsync import JobSetController
 from phalanx.operator.jobsync import JobController
+from phalanx.operator.keyed import KeyedQueue
 from phalanx.operator.kube import (
     JOBS,
     JOBSETS,
@@ -614,7 +615,8 @@ class SchedulerStalled(Exception):
 
 
 def component_tasks(component: Any) -> list[asyncio.Task[Any]]:
-    """The long-running tasks a started component runs (``_task`` or the ``_tasks`` list).
+    """The long-running tasks a started component runs (``_task``, the ``_tasks`` list, or the
+    workers of its ``work`` queue).
 
     The components keep their tasks in these attributes; a set (the scheduling loop's
     short-lived write tasks, each logged when it fails) is not a long-running task."""
@@ -625,6 +627,9 @@ def component_tasks(component: Any) -> list[asyncio.Task[Any]]:
     many = getattr(component, "_tasks", None)
     if isinstance(many, list):
         tasks.extend(t for t in many if isinstance(t, asyncio.Task))
+    work = getattr(component, "work", None)
+    if isinstance(work, KeyedQueue):
+        tasks.extend(work.tasks)
     return tasks
 
 

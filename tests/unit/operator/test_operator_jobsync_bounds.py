@@ -69,9 +69,9 @@ def test_a_deleted_workload_of_a_live_job_still_wakes_the_job() -> None:
     obj = job("j", "uid-1")
     state.apply("Job", "ADDED", obj)
     state.apply("Workload", "ADDED", workload_of(obj))
-    ctl._queued.clear()
+    ctl.work.queued.clear()
     state.apply("Workload", "DELETED", workload_of(obj))
-    assert ctl._queued == {"ns/j"}  # the Job creates its Workload again
+    assert ctl.work.queued == {"ns/j"}  # the Job creates its Workload again
     assert ctl._owner_of == {f"ns/{workload_of(obj)['metadata']['name']}": "ns/j"}
 
 
@@ -107,7 +107,7 @@ def test_stop_cancels_pending_retries(monkeypatch: pytest.MonkeyPatch) -> None:
         _, ctl = controller()
         handles = capture_timers(monkeypatch)
         for key in ("ns/a", "ns/b", "ns/c"):
-            ctl._retry_later(key)
+            ctl.work.retry_later(key)
         await ctl.stop()
         return handles
 
@@ -123,15 +123,15 @@ def test_a_deleted_job_drops_its_retry_and_a_job_has_one_pending_retry(
         state, ctl = controller()
         handles = capture_timers(monkeypatch)
         state.apply("Job", "ADDED", job("j", "uid-1"))
-        ctl._retry_later("ns/j")
-        ctl._retry_later("ns/j")  # a later retry while an earlier one is due: one timer
-        assert len(handles) == 1 and len(ctl._retries) == 1
+        ctl.work.retry_later("ns/j")
+        ctl.work.retry_later("ns/j")  # a later retry while an earlier one is due: one timer
+        assert len(handles) == 1 and len(ctl.work.retries) == 1
         state.apply("Job", "DELETED", job("j", "uid-1"))
         return handles, ctl
 
     handles, ctl = asyncio.run(main())
     assert handles[0].cancelled()
-    assert ctl._retries == {} and ctl._failures == {}
+    assert ctl.work.retries == {} and ctl.work.failures == {}
 
 
 def test_a_fired_retry_requeues_the_job_and_leaves_no_timer(
@@ -148,12 +148,12 @@ def test_a_fired_retry_requeues_the_job_and_leaves_no_timer(
             return real(delay, callback, *args)
 
         monkeypatch.setattr(loop, "call_later", call_later)
-        ctl._retry_later("ns/j")
-        ctl._retries["ns/j"].cancel()
+        ctl.work.retry_later("ns/j")
+        ctl.work.retries["ns/j"].cancel()
         callback, args = scheduled[0]
         callback(*args)  # what the timer runs when it fires: no waiting on the clock
         return ctl
 
     ctl = asyncio.run(main())
-    assert ctl._retries == {}
-    assert ctl._queued == {"ns/j"}
+    assert ctl.work.retries == {}
+    assert ctl.work.queued == {"ns/j"}

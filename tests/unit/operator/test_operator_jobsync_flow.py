@@ -383,7 +383,7 @@ def test_a_missing_workload_priority_class_holds_the_job_until_it_exists() -> No
         assert "urgent" in _events(h)[0]["message"]
         urgent = {"metadata": {"name": "urgent"}, "value": 7}
         h.state.apply("WorkloadPriorityClass", "ADDED", urgent)
-        assert f"{NS}/train" in h.jobs._queued  # its creation brings the Job back
+        assert f"{NS}/train" in h.jobs.work.queued  # its creation brings the Job back
         await h.reconcile()
         assert h.api.workload()["spec"]["priority"] == 7
 

@@ -22,7 +22,7 @@ import yaml
 from phalanx.operator.app import build_registry
 from phalanx.operator.config import OperatorConfig, WebhookConfig
 from phalanx.operator.informer import Informer
-from phalanx.operator.jobsync import JobController
+from phalanx.operator.keyed import KeyedQueue
 from phalanx.operator.kube import ApiError
 from phalanx.operator.leader import LeaderElectionConfig, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
@@ -144,7 +144,7 @@ def _crash(*_: Any, **__: Any) -> Any:
     [
         (SchedulingLoop, "run", "phalanx-scheduler"),
         (StatusWriter, "_pending_worker", "phalanx-pending-"),
-        (JobController, "_worker", "phalanx-jobs-"),
+        (KeyedQueue, "_work", "phalanx-jobs-"),
         (GateRemover, "_run", "phalanx-ungate"),
         (QueueStatus, "_run", "phalanx-qstatus"),
         (Informer, "run", "phalanx-informer-"),
