@@ -25,10 +25,12 @@ __all__ = [
     "JOB_UID_LABEL",
     "KUEUE_FRAMEWORKS",
     "QUEUE_LABEL",
+    "SUSPEND_PATCH",
     "Finish",
     "FlavorInjection",
     "Integration",
     "disabled_message",
+    "finish_from_conditions",
     "injections",
     "kueue_workload_name",
     "workload_manifest",
@@ -82,6 +84,25 @@ class Finish:
     succeeded: bool
     reason: str
     message: str
+
+
+def finish_from_conditions(
+    obj: Mapping[str, Any], *, succeeded: str, failed: str, kind: str, success_message: str
+) -> Finish | None:
+    """A job's end from its own status conditions: ``succeeded`` or ``failed`` (their type
+    names) once true, with the condition's message (or a default naming ``kind``)."""
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == succeeded:
+            return Finish(True, "Succeeded", condition.get("message") or success_message)
+        if condition.get("type") == failed:
+            return Finish(False, "Failed", condition.get("message") or f"{kind} failed")
+    return None
+
+
+SUSPEND_PATCH: tuple[dict[str, Any], ...] = ({"op": "add", "path": "/spec/suspend", "value": True},)
+"""The JSON patch that holds a kind with ``spec.suspend`` (Job, JobSet)."""
 
 
 class Integration(Protocol):

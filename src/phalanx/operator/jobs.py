@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx.operator import integration
-from phalanx.operator.integration import Finish, FlavorInjection
+from phalanx.operator.integration import (
+    SUSPEND_PATCH,
+    Finish,
+    FlavorInjection,
+    finish_from_conditions,
+)
 
 __all__ = [
     "JOB",
@@ -406,16 +411,13 @@ def needs_workload(job: Mapping[str, Any]) -> bool:
 
 def job_finish(job: Mapping[str, Any]) -> JobFinish | None:
     """The Job's terminal condition (Complete or Failed), if it has one."""
-    for condition in (job.get("status") or {}).get("conditions") or ():
-        if condition.get("status") != "True":
-            continue
-        if condition.get("type") == "Complete":
-            return JobFinish(
-                True, "Succeeded", condition.get("message") or "Job finished successfully"
-            )
-        if condition.get("type") == "Failed":
-            return JobFinish(False, "Failed", condition.get("message") or "Job failed")
-    return None
+    return finish_from_conditions(
+        job,
+        succeeded="Complete",
+        failed="Failed",
+        kind="Job",
+        success_message="Job finished successfully",
+    )
 
 
 class JobIntegration:
@@ -440,7 +442,7 @@ class JobIntegration:
         return bool((obj.get("spec") or {}).get("suspend"))
 
     def suspend_patch(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return [{"op": "add", "path": "/spec/suspend", "value": True}]
+        return [dict(op) for op in SUSPEND_PATCH]
 
     def start_patch(
         self,

@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from phalanx.operator import integration, jobs
-from phalanx.operator.integration import Finish, FlavorInjection
+from phalanx.operator.integration import (
+    SUSPEND_PATCH,
+    Finish,
+    FlavorInjection,
+    finish_from_conditions,
+)
 
 __all__ = [
     "API_VERSION",
@@ -145,14 +150,13 @@ def resolve_priority(
 
 def jobset_finish(obj: Mapping[str, Any]) -> Finish | None:
     """The JobSet's end: its ``Completed`` or ``Failed`` condition, once true."""
-    for condition in (obj.get("status") or {}).get("conditions") or ():
-        if condition.get("status") != "True":
-            continue
-        if condition.get("type") == "Completed":
-            return Finish(True, "Succeeded", condition.get("message") or "JobSet completed")
-        if condition.get("type") == "Failed":
-            return Finish(False, "Failed", condition.get("message") or "JobSet failed")
-    return None
+    return finish_from_conditions(
+        obj,
+        succeeded="Completed",
+        failed="Failed",
+        kind="JobSet",
+        success_message="JobSet completed",
+    )
 
 
 def needs_workload(obj: Mapping[str, Any]) -> bool:
@@ -284,7 +288,7 @@ class JobSetIntegration:
         return bool((obj.get("spec") or {}).get("suspend"))
 
     def suspend_patch(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return [{"op": "add", "path": "/spec/suspend", "value": True}]
+        return [dict(op) for op in SUSPEND_PATCH]
 
     def start_patch(
         self,
