@@ -125,6 +125,8 @@ class Scheduler:
         afs = self.config.admission_fair_sharing
         self.fair_usage: UsageLedger | None = None if afs is None else UsageLedger(afs)
         """Decayed usage per LocalQueue (admission fair sharing), None when it is off."""
+        self._fair_local_queues: list[str] | None = None
+        """``fair_sharing_local_queues()`` until a ClusterQueue or LocalQueue changes."""
         self.now = 0
         self.cycle_number = 0
         self._seq = 0
@@ -164,6 +166,7 @@ class Scheduler:
                 routing.refresh_active(self, state)
 
     def apply_cluster_queue(self, spec: ClusterQueue) -> None:
+        self._fair_local_queues = None
         state = self.queues.get(spec.name)
         old_root = state.node.root if state is not None else None
         self.tree.set_cluster_queue(
@@ -219,6 +222,7 @@ class Scheduler:
                 f"ClusterQueue {name} was deleted",
             )
         del self.queues[name]
+        self._fair_local_queues = None
         self.active.discard(name)
         self.tree.remove_cluster_queue(name)
         self._structure_changed(root, None)
@@ -254,6 +258,7 @@ class Scheduler:
     def apply_local_queue(self, spec: LocalQueue) -> None:
         old = self.local_queues.get(spec.key)
         self.local_queues[spec.key] = spec
+        self._fair_local_queues = None
         if old is not None and (
             old.stop_policy != spec.stop_policy or old.cluster_queue != spec.cluster_queue
         ):
@@ -264,6 +269,7 @@ class Scheduler:
         key = f"{namespace}/{name}"
         if self.local_queues.pop(key, None) is None:
             return
+        self._fair_local_queues = None
         if self.fair_usage is not None:
             self.fair_usage.forget(key)
         for entry in self.entries_of_local_queue(key):
@@ -425,12 +431,14 @@ class Scheduler:
         ``UsageBasedAdmissionFairSharing``, when admission fair sharing is configured."""
         if self.fair_usage is None:
             return []
-        found = []
-        for key in sorted(self.local_queues):
-            state = self.queues.get(self.local_queues[key].cluster_queue)
-            if state is not None and state.spec.usage_based_fair_sharing:
-                found.append(key)
-        return found
+        if self._fair_local_queues is None:  # sorted once per change, not every pass
+            found = []
+            for key in sorted(self.local_queues):
+                state = self.queues.get(self.local_queues[key].cluster_queue)
+                if state is not None and state.spec.usage_based_fair_sharing:
+                    found.append(key)
+            self._fair_local_queues = found
+        return list(self._fair_local_queues)
 
     def sample_fair_usage(self, now: int, *, every: int = 0) -> dict[str, LocalQueueUsage]:
         """Decay each LocalQueue of a ClusterQueue with ``UsageBasedAdmissionFairSharing``

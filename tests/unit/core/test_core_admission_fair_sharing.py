@@ -252,3 +252,26 @@ def test_no_fair_sharing_note_without_the_mode() -> None:
     _submit(s, "b", 1, start=10)
     result = s.run_cycle(0)
     assert result.pending["default/b0"].fair_sharing == ""
+
+
+def test_the_fair_local_queue_list_follows_every_queue_change() -> None:
+    """The list is kept between passes (not sorted every pass); each change that can alter
+    it must be seen: a new LocalQueue, one moved to another ClusterQueue, the mode turned off
+    and on, a LocalQueue or a ClusterQueue deleted."""
+    s = _scheduler()
+    assert s.fair_sharing_local_queues() == ["default/a", "default/b"]
+    s.apply_local_queue(LocalQueue("default", "c", "cq"))
+    assert s.fair_sharing_local_queues() == ["default/a", "default/b", "default/c"]
+    plain = MakeClusterQueue("plain").resource_group(MakeFlavorQuotas("default")).obj()
+    s.apply_cluster_queue(plain)
+    s.apply_local_queue(LocalQueue("default", "c", "plain"))
+    assert s.fair_sharing_local_queues() == ["default/a", "default/b"]
+    cq = s.queues["cq"].spec
+    s.apply_cluster_queue(dataclasses.replace(cq, usage_based_fair_sharing=False))
+    assert s.fair_sharing_local_queues() == []
+    s.apply_cluster_queue(dataclasses.replace(cq, usage_based_fair_sharing=True))
+    assert s.fair_sharing_local_queues() == ["default/a", "default/b"]
+    s.delete_local_queue("default", "a")
+    assert s.fair_sharing_local_queues() == ["default/b"]
+    s.delete_cluster_queue("cq")
+    assert s.fair_sharing_local_queues() == []
