@@ -4,6 +4,7 @@ delete workload with its Job; version; completion."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -210,3 +211,18 @@ def test_bash_completion_parses_and_completes_from_the_api(
         check=True,
     ).stdout.split()
     assert namespace in words
+    # `kubectl phalanx <TAB>`: kubectl runs kubectl_complete-phalanx and reads cobra's answer.
+    env = {
+        **os.environ,
+        "PATH": f"{PLUGIN.parent}{os.pathsep}{os.environ['PATH']}",
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    answer = subprocess.run(
+        [str(cluster.kubectl_path), "__complete", "phalanx", "list", "-n", "t-"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.split()
+    assert namespace in answer
+    assert answer[-1] == ":4"

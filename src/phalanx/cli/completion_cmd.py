@@ -7,7 +7,9 @@ objects' names, come from the API (as kueuectl completes them), quietly nothing 
 be reached.
 
 Install: ``source <(phalanx completion bash)`` (zsh: ``source <(phalanx completion zsh)``;
-fish: ``phalanx completion fish | source``).
+fish: ``phalanx completion fish | source``). ``kubectl phalanx <TAB>`` goes through kubectl's
+own completion, which runs ``kubectl_complete-phalanx WORD...`` (installed with the plugin) and
+reads cobra's answer: the candidates, then ``:4`` (no file names).
 """
 
 from __future__ import annotations
@@ -63,7 +65,24 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("shell", choices=sorted(SCRIPTS))
-    parser.set_defaults(func=lambda args: print(SCRIPTS[args.shell], end="") or 0)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(SCRIPTS[args.shell], end="")
+    return 0
+
+
+def kubectl_complete() -> int:
+    """The ``kubectl_complete-phalanx`` executable kubectl runs to complete the plugin."""
+    import sys
+
+    from phalanx.cli.main import build_parser
+
+    for candidate in complete(build_parser(), sys.argv[1:]):
+        print(candidate)
+    print(":4")  # cobra's ShellCompDirectiveNoFileComp
+    return 0
 
 
 def complete(parser: argparse.ArgumentParser, words: Sequence[str]) -> list[str]:
