@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from operator_fixtures import *  # noqa: F403
 from operator_fixtures import (
     POOL_LABEL,
@@ -226,3 +227,27 @@ def test_bash_completion_parses_and_completes_from_the_api(
     ).stdout.split()
     assert namespace in answer
     assert answer[-1] == ":4"
+
+
+def test_without_rights_the_api_servers_message_is_printed(
+    cluster: ClusterHandle, kueue_crds: Path, namespace: str, tmp_path: Path
+) -> None:
+    cluster.kubectl_ok("create", "serviceaccount", "-n", namespace, "nobody")
+    token = cluster.kubectl_ok("create", "token", "-n", namespace, "nobody").strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": "nobody", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "nobody"
+    kubeconfig = tmp_path / "nobody.yaml"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    user = f"system:serviceaccount:{namespace}:nobody"
+    for argv, verb in (
+        (["create", "rf", "f"], "create"),
+        (["stop", "cq", "any"], "get"),
+        (["stop", "workload", "w", "-n", namespace], "get"),
+    ):
+        proc = subprocess.run(
+            [str(PLUGIN), *argv, f"--kubeconfig={kubeconfig}"], capture_output=True, text=True
+        )
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith("error: "), proc.stderr
+        assert f'is forbidden: User "{user}" cannot {verb} resource' in proc.stderr, proc.stderr
