@@ -172,6 +172,8 @@ def test_created_queues_admit_and_stop_resume_delete_act_on_them(
 
     missing = plugin(cluster, "stop", "clusterqueue", "nope", expect=1)
     assert missing.stderr == "error: clusterqueue nope not found\n"
+    missing = plugin(cluster, "delete", "workload", "nope", "-n", namespace, "--yes", expect=1)
+    assert missing.stderr == "error: workload nope not found\n"
 
 
 def test_version_reads_the_operator_deployment(

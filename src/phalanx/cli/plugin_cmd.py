@@ -238,7 +238,7 @@ def run_delete(args: argparse.Namespace) -> int:
         return 2
 
     async def body(api: KubeApi, namespace: str) -> int:
-        workloads = await _workloads_to_delete(api, args, namespace)
+        workloads, missing = await _workloads_to_delete(api, args, namespace)
         owned = {
             _key(w): [await _owner(api, ref, w["metadata"]["namespace"]) for ref in _owners(w)]
             for w in workloads
@@ -270,7 +270,7 @@ def run_delete(args: argparse.Namespace) -> int:
                 path = KINDS["workload"].path(namespace=ns, name=workload["metadata"]["name"])
                 await _delete(api, path, args.dry_run)
                 print(name_line(workload, operation="deleted", dry_run=args.dry_run))
-        return 0
+        return 1 if missing else 0
 
     return run_with_api(args, body)
 
@@ -289,11 +289,12 @@ def _suffix(dry_run: str) -> str:
 
 async def _workloads_to_delete(
     api: KubeApi, args: argparse.Namespace, namespace: str
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], int]:
+    """The Workloads to delete and how many of those named do not exist."""
     if args.all:
         scope = None if args.all_namespaces else namespace
         try:
-            return await api.list_all(KINDS["workload"], namespace=scope)
+            return await api.list_all(KINDS["workload"], namespace=scope), 0
         except ApiError as error:
             raise PluginError(str(error.body.get("message") or error)) from None
     found = []
@@ -303,9 +304,10 @@ async def _workloads_to_delete(
         except ApiError as error:
             if not error.not_found:
                 raise PluginError(str(error.body.get("message") or error)) from None
-            # As kueuectl: a missing one is reported and the others are still deleted.
+            # As kueuectl, a missing one is reported and the others are still deleted; the
+            # exit code (1) says one was missing.
             print(f"error: {api_message(error, kind='workload', name=name)}", file=sys.stderr)
-    return found
+    return found, len(args.names) - len(found)
 
 
 async def _owner(api: KubeApi, ref: dict[str, Any], namespace: str) -> tuple[str, str]:
