@@ -170,6 +170,23 @@ def test_created_queues_admit_and_stop_resume_delete_act_on_them(
     assert get(cluster, "clusterqueues.kueue.x-k8s.io", CQ)["spec"]["stopPolicy"] == "None"
     wait_for("second admitted", lambda: _admitted(cluster, namespace, "second"), log=log)
 
+    # The same for a LocalQueue, once second's quota is free again.
+    plugin(cluster, "delete", "workload", "--all", "-n", namespace, "--yes")
+    out = plugin(cluster, "stop", "lq", "lq", "-n", namespace).stdout
+    assert out == "localqueue.kueue.x-k8s.io/lq\n"
+    apply(cluster, gpu_job("third", queue="lq", gpus=8), namespace=namespace)
+    wait_for(
+        "third told the LocalQueue is stopped",
+        lambda: (
+            (w := workload_of(cluster, namespace, "third"))
+            and (c := condition(w, "QuotaReserved"))
+            and "LocalQueue lq is stopped" in c.get("message", "")
+        ),
+        log=log,
+    )
+    plugin(cluster, "resume", "localqueue", "lq", "-n", namespace)
+    wait_for("third admitted", lambda: _admitted(cluster, namespace, "third"), log=log)
+
     missing = plugin(cluster, "stop", "clusterqueue", "nope", expect=1)
     assert missing.stderr == "error: clusterqueue nope not found\n"
     missing = plugin(cluster, "delete", "workload", "nope", "-n", namespace, "--yes", expect=1)
