@@ -8,6 +8,7 @@ objects as kueuectl lists them, with each pending Workload's position from the v
   LocalQueue whose positions cannot be read (no rights, no operator) shows ``-`` and says why
   once on stderr.
 - ``list clusterqueue|cq``, ``list localqueue|lq [-n NS | -A]``: their status counts.
+- ``list resourceflavor|rf``, ``list pods --for job/NAME|workload/NAME`` (see ``list_pods``).
 
 Credentials as kubectl finds them (``--kubeconfig``, ``$KUBECONFIG``, in-cluster,
 ``~/.kube/config``; ``--context``); ``-o json|yaml`` prints a ``v1`` List of the objects.
@@ -25,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from phalanx.cli import list_pods
+
 KINDS = {
     "workload": "workloads",
     "wl": "workloads",
@@ -32,6 +35,10 @@ KINDS = {
     "cq": "clusterqueues",
     "localqueue": "localqueues",
     "lq": "localqueues",
+    "resourceflavor": "resourceflavors",
+    "rf": "resourceflavors",
+    "pods": "pods",
+    "po": "pods",
 }
 STATUSES = ("all", "pending", "quotareserved", "admitted", "finished")
 VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
@@ -40,7 +47,7 @@ VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "list",
-        help="list workloads (with queue positions), clusterqueues, localqueues as kueuectl",
+        help="list workloads (with queue positions), queues, flavors, a job's pods as kueuectl",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(KINDS))
@@ -53,6 +60,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--status", choices=STATUSES, default="all", help="workloads in this state only"
     )
+    parser.add_argument("--for", dest="for_", metavar="job/NAME|workload/NAME", help="pods: whose")
     parser.add_argument(
         "-o", "--output", choices=("table", "wide", "json", "yaml"), default="table"
     )
@@ -64,8 +72,16 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from phalanx.operator import kubeconfig
 
-    if args.kind in ("clusterqueue", "cq") and (args.namespace or args.all_namespaces):
-        print("error: ClusterQueues are cluster-scoped: drop -n/-A", file=sys.stderr)
+    if KINDS[args.kind] in ("clusterqueues", "resourceflavors") and (
+        args.namespace or args.all_namespaces
+    ):
+        print(f"error: {KINDS[args.kind]} are cluster-scoped: drop -n/-A", file=sys.stderr)
+        return 2
+    if (KINDS[args.kind] == "pods") != bool(args.for_):
+        print("error: --for job/NAME|workload/NAME goes with list pods (only)", file=sys.stderr)
+        return 2
+    if args.for_ and args.all_namespaces:
+        print("error: --for names one Job or Workload: use -n, not -A", file=sys.stderr)
         return 2
     try:
         auth = kubeconfig.load(args.kubeconfig, context=args.context)
@@ -80,11 +96,18 @@ async def _run(args: argparse.Namespace, auth: Any, namespace: str | None) -> in
     from phalanx.operator.kube import ApiError, KubeApi, Resource
 
     plural = KINDS[args.kind]
-    resource = Resource("kueue.x-k8s.io", "v1beta2", plural, namespaced=plural != "clusterqueues")
+    cluster_scoped = plural in ("clusterqueues", "resourceflavors")
+    resource = Resource("kueue.x-k8s.io", "v1beta2", plural, namespaced=not cluster_scoped)
     api = KubeApi(auth)
     try:
         try:
-            items = await api.list_all(resource, namespace=namespace)
+            if plural == "pods":
+                items = await list_pods.pods_for(api, args.for_, namespace or "default")
+            else:
+                items = await api.list_all(resource, namespace=namespace)
+        except list_pods.ForError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         except ApiError as error:
             print(f"error: listing {plural}: {error}", file=sys.stderr)
             return 1
@@ -102,8 +125,14 @@ async def _run(args: argparse.Namespace, auth: Any, namespace: str | None) -> in
                 rows = [[*r, waiting_reason(w)] for r, w in zip(rows, items, strict=True)]
         elif plural == "clusterqueues":
             header, rows = list(CQ_COLUMNS), [cluster_queue_row(q, now=now) for q in items]
-        else:
+        elif plural == "localqueues":
             header, rows = list(LQ_COLUMNS), [local_queue_row(q, now=now) for q in items]
+        elif plural == "resourceflavors":
+            header = list(list_pods.RF_COLUMNS)
+            rows = [[*list_pods.resource_flavor_row(f), age_of(f, now)] for f in items]
+        else:
+            header = list(list_pods.POD_COLUMNS)
+            rows = [[*list_pods.pod_row(p), age_of(p, now)] for p in items]
     finally:
         await api.close()
     if args.output in ("json", "yaml"):
@@ -333,6 +362,11 @@ def _condition_time(workload: Mapping[str, Any], kind: str) -> dt.datetime | Non
         if c.get("type") == kind and c.get("status") == "True":
             return _parse(c.get("lastTransitionTime"))
     return None
+
+
+def age_of(obj: Mapping[str, Any], now: dt.datetime) -> str:
+    created = _parse((obj.get("metadata") or {}).get("creationTimestamp"))
+    return _age(now - created) if created else ""
 
 
 def _age(delta: dt.timedelta) -> str:

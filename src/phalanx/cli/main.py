@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from phalanx import __version__
 from phalanx.cli import (
     bench_cmd,
+    completion_cmd,
     crds_cmd,
     demo_cmd,
     devcluster_cmd,
     list_cmd,
     operator_cmd,
+    plugin_cmd,
     report_cmd,
     simulate_cmd,
     store_cmd,
@@ -33,6 +35,8 @@ _COMMANDS = (
     demo_cmd,
     validate_cmd,
     list_cmd,
+    plugin_cmd,
+    completion_cmd,
     report_cmd,
     store_cmd,
     simulate_cmd,
@@ -52,7 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == [completion_cmd.COMMAND]:
+        # The shell completion scripts' hidden entry point: candidates, one per line.
+        print("\n".join(completion_cmd.complete(build_parser(), words[1:])))
+        return 0
+    args = build_parser().parse_args(words)
     code: int = args.func(args)
     return code
 

@@ -125,6 +125,10 @@ def test_bad_flags_are_refused_naming_them(capsys: pytest.CaptureFixture[str]) -
     assert "cluster-scoped" in capsys.readouterr().err
     assert main(["list", "workload", "--kubeconfig", "/nonexistent/kubeconfig"]) == 2
     assert "/nonexistent/kubeconfig" in capsys.readouterr().err
+    assert main(["list", "pods", "--kubeconfig", "/nonexistent"]) == 2
+    assert "--for job/NAME|workload/NAME" in capsys.readouterr().err
+    assert main(["list", "rf", "-A", "--kubeconfig", "/nonexistent"]) == 2
+    assert "cluster-scoped" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["list", "pods"])
+        main(["list", "deployments"])
     assert "KIND" in capsys.readouterr().err

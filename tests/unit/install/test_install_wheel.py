@@ -45,6 +45,9 @@ def test_the_wheel_installs_into_a_clean_venv_and_its_entrypoint_runs(tmp_path: 
     # The kubectl plugin: `kubectl phalanx list ...` runs this script from PATH.
     plugin = clean / "bin" / "kubectl-phalanx"
     assert "workload, wl" in _run(plugin, "list", "--help", cwd=tmp_path)
+    # kubectl's plugin completion runs kubectl_complete-phalanx and reads cobra's answer.
+    answer = _run(clean / "bin" / "kubectl_complete-phalanx", "resu", cwd=tmp_path)
+    assert answer.split() == ["resume", ":4"]
     where = _run(
         clean / "bin" / "python", "-c", "import phalanx; print(phalanx.__file__)", cwd=tmp_path
     )
