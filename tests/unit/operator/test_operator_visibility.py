@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client import CollectorRegistry, Gauge
 
+from phalanx.admission.budgets import Budget, ScopeKind
 from phalanx.admission.model import (
     ClusterQueue,
     FlavorQuotas,
@@ -33,7 +34,6 @@ from phalanx.admission.model import (
     ResourceGroup,
     Workload,
 )
-from phalanx.admission.budgets import Budget, ScopeKind
 from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.visibility import (
