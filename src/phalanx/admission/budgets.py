@@ -109,18 +109,56 @@ def format_time(ms: int) -> str:
 
 
 class _Account:
-    """One budget's usage: closed resource-milliseconds in one window, and the open ones."""
+    """One budget's usage: the resource-milliseconds of ended reservations in the window
+    starting at ``window_start``, and the open reservations, kept as sums so that the usage
+    at ``now`` costs O(1) however many workloads run (it is read for every head tried)::
 
-    __slots__ = ("closed", "floor", "open", "window_start")
+        running(now) = rate x (now - since) - weighted
+        rate         = sum of the open amounts
+        weighted     = sum of amount x (max(start, since) - since)
+
+    ``since`` (the window's start, or the restore time if later) only grows; when it moves,
+    ``weighted`` is recomputed once."""
+
+    __slots__ = ("closed", "floor", "open", "rate", "since", "weighted", "window_start")
 
     def __init__(self) -> None:
         self.window_start = 0
         self.closed = 0.0
-        """Resource-milliseconds counted in the window starting at ``window_start``."""
         self.floor = 0
         """Open reservations count from here on (what came before is in ``closed``)."""
+        self.since = 0
         self.open: dict[str, tuple[int, float]] = {}
         """Workload key -> (start ms, amount held)."""
+        self.rate = 0.0
+        self.weighted = 0.0
+
+    def move_since(self, since: int) -> None:
+        self.since = since
+        self.weighted = sum(a * max(0, s - since) for s, a in self.open.values())
+
+    def add(self, key: str, start: int, amount: float) -> None:
+        self.remove(key)
+        self.open[key] = (start, amount)
+        self.rate += amount
+        self.weighted += amount * max(0, start - self.since)
+
+    def remove(self, key: str) -> tuple[int, float] | None:
+        held = self.open.pop(key, None)
+        if held is None:
+            return None
+        if not self.open:  # no drift left behind by the additions and subtractions
+            self.rate = self.weighted = 0.0
+        else:
+            start, amount = held
+            self.rate -= amount
+            self.weighted -= amount * max(0, start - self.since)
+        return held
+
+    def running(self, now: int) -> float:
+        """The open reservations' resource-milliseconds from ``since`` to ``now`` (``now``
+        no earlier than any start: the scheduler's time only moves forward)."""
+        return max(0.0, self.rate * (now - self.since) - self.weighted)
 
 
 class BudgetLedger:
@@ -145,16 +183,18 @@ class BudgetLedger:
         for budget, account in zip(self.budgets, self.accounts, strict=True):
             amount = amounts.get(budget.resource, 0.0)
             if amount > 0 and budget.covers(local_queue, cluster_queue):
-                account.open[key] = (now, amount)
+                account.add(key, now, amount)
 
     def stop(self, key: str, now: int) -> None:
         """Workload ``key`` released its reservation at ``now``: count it in full."""
         for budget, account in zip(self.budgets, self.accounts, strict=True):
-            held = account.open.pop(key, None)
-            if held is None:
+            if key not in account.open:
                 continue
             self._roll(budget, account, now)
-            account.closed += _overlap(held, max(account.window_start, account.floor), now)
+            held = account.remove(key)
+            assert held is not None
+            start, amount = held
+            account.closed += amount * max(0, now - max(start, account.since))
 
     def restore(self, index: int, used_hours: float, at: int) -> None:
         """Budget ``index`` had used ``used_hours`` in ``at``'s window up to ``at``, its
@@ -163,16 +203,15 @@ class BudgetLedger:
         account.window_start = budget.window(at)[0]
         account.closed = used_hours * HOUR_MS
         account.floor = at
+        account.move_since(at)
 
     def used_hours(self, index: int, now: int) -> float:
         """Budget ``index``'s usage in ``now``'s window, running reservations up to ``now``."""
         budget, account = self.budgets[index], self.accounts[index]
         self._roll(budget, account, now)
-        since = max(account.window_start, account.floor)
-        running = sum(_overlap(held, since, now) for held in account.open.values())
-        return (account.closed + running) / HOUR_MS
+        return (account.closed + account.running(now)) / HOUR_MS
 
-    def exceeded(self, local_queue: str, cluster_queue: str | None, now: int) -> Exceeded | None:
+    def exceeded(self, *, local_queue: str, cluster_queue: str | None, now: int) -> Exceeded | None:
         """The first budget covering the scope that is used up at ``now`` (the one whose
         window resets last when several are), or None."""
         found: Exceeded | None = None
@@ -191,8 +230,4 @@ class BudgetLedger:
         start = budget.window(now)[0]
         if start > account.window_start:
             account.window_start, account.closed = start, 0.0
-
-
-def _overlap(held: tuple[int, float], since: int, until: int) -> float:
-    start, amount = held
-    return amount * max(0, until - max(start, since))
+            account.move_since(max(start, account.floor))

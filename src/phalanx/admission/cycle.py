@@ -107,7 +107,7 @@ def _waits_for_budget(s: Scheduler, state: ClusterQueueState, entry: Entry) -> b
     LocalQueue or ClusterQueue is used up, until that budget's window resets."""
     if s.budgets is None:
         return False
-    over = s.budgets.exceeded(entry.local_queue, state.name, s.now)
+    over = s.budgets.exceeded(local_queue=entry.local_queue, cluster_queue=state.name, now=s.now)
     if over is None:
         return False
     state.queue.pop(entry)

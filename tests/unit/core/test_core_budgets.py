@@ -176,3 +176,40 @@ def test_hours_are_printed_readably() -> None:
     assert format_hours(400) == "400.0"
     assert format_hours(0.0123456) == "0.01235"
     assert format_hours(0.01) == "0.01"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_ledger_sums_equal_the_overlaps_counted_one_by_one(seed: int) -> None:
+    """The ledger keeps running sums (O(1) per read); random starts and stops over several
+    windows, with a restore, read the same as summing each reservation's overlap."""
+    import random
+
+    rng = random.Random(seed)
+    budget = _budget(period_ms=5 * HOUR, anchor_ms=HOUR)
+    ledger = BudgetLedger((budget,))
+    restore_at = rng.randrange(0, 3 * HOUR)
+    ledger.restore(0, 1.25, restore_at)
+    held: dict[str, tuple[int, float]] = {}
+    ended: list[tuple[int, int, float]] = []
+    now = restore_at
+    for step in range(400):
+        now += rng.randrange(0, 10 * 60_000)
+        if held and rng.random() < 0.45:
+            key = rng.choice(sorted(held))
+            start, amount = held.pop(key)
+            ended.append((start, now, amount))
+            ledger.stop(key, now)
+        else:
+            key, amount = f"w{step}", rng.choice([1.0, 2.0, 0.5, 8.0])
+            lq = rng.choice(["default/a", "default/b"])  # b: another scope, not counted
+            if lq == "default/a":
+                held[key] = (now, amount)
+            ledger.start(key, local_queue=lq, cluster_queue="cq", amounts={GPU: amount}, now=now)
+        window_start = budget.window(now)[0]
+        since = max(window_start, restore_at)
+        want = 1.25 * HOUR if window_start <= restore_at else 0.0
+        for start, end, amount in ended:
+            want += amount * max(0, end - max(start, since))
+        for start, amount in held.values():
+            want += amount * max(0, now - max(start, since))
+        assert ledger.used_hours(0, now) == pytest.approx(want / HOUR, rel=1e-9, abs=1e-9)
