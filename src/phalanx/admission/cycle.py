@@ -1,11 +1,12 @@
 """One scheduling cycle, as numbered steps (Kueue's ``schedule()``, reshaped).
 
-1. Requeue workloads whose backoff expired.
+1. Requeue workloads whose backoff expired, and those whose used-up budget's window reset.
 2. Admit preemptors whose victims are gone (their claim already holds the quota).
 3. Hand over evictions decided by events (stop policies, deactivation).
 4. Wake parked workloads in cohort trees where quota was freed or a spec changed.
 5. Explain the workloads of queues that cannot admit (stopped, inactive).
-6. Nominate: the head of every ClusterQueue that may admit, with its flavor assignment.
+6. Nominate: the head of every ClusterQueue that may admit, with its flavor assignment; a
+   head whose LocalQueue or ClusterQueue used up a budget waits for its window to reset.
 7. Admit in order — not borrowing before borrowing (or lowest fair share first), then
    priority, then FIFO. Each admission updates the live quota tree; an entry nominated
    before the tree changed is re-assigned before it is acted on. After a ClusterQueue's
@@ -64,6 +65,7 @@ def run(s: Scheduler, now: int) -> CycleResult:
     s.cycle_number += 1
     out = _Out(now)
     _requeue_backoffs(s, now)  # 1
+    _requeue_budget_waits(s, now)
     _admit_ready_claims(s, out)  # 2
     out.evicted, s.pending_evictions = s.pending_evictions, []  # 3
     _wake_dirty_trees(s)  # 4
@@ -90,6 +92,30 @@ def _requeue_backoffs(s: Scheduler, now: int) -> None:
         if entry.where == Where.BACKOFF and entry.requeue_at == due and entry.key in s.entries:
             entry.where = Where.NOWHERE
             routing.route(s, entry)
+
+
+def _requeue_budget_waits(s: Scheduler, now: int) -> None:
+    while s.budget_waits and s.budget_waits[0][0] <= now:
+        _, _, entry = heapq.heappop(s.budget_waits)
+        if entry.where == Where.BUDGET and s.entries.get(entry.key) is entry:
+            entry.where = Where.NOWHERE
+            routing.route(s, entry)
+
+
+def _waits_for_budget(s: Scheduler, state: ClusterQueueState, entry: Entry) -> bool:
+    """Take ``entry``, the head of ``state``, out of its queue when a budget of its
+    LocalQueue or ClusterQueue is used up, until that budget's window resets."""
+    if s.budgets is None:
+        return False
+    over = s.budgets.exceeded(local_queue=entry.local_queue, cluster_queue=state.name, now=s.now)
+    if over is None:
+        return False
+    state.queue.pop(entry)
+    entry.where = Where.BUDGET
+    s._backoff_seq += 1
+    heapq.heappush(s.budget_waits, (over.window[1], s._backoff_seq, entry))
+    routing.explain(s, entry, PendingReason.BUDGET_EXCEEDED, over.message)
+    return True
 
 
 def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
@@ -247,6 +273,9 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
         if state.queue.head() is not entry or not state.can_admit:
             if state.can_admit:
                 nominate(state)
+            continue
+        if _waits_for_budget(s, state, entry):
+            nominate(state)
             continue
         if assignment is None or version != state.node.root.version:
             assignment = _assign(s, state, entry, out)
@@ -443,6 +472,7 @@ def _admitted_now(s: Scheduler, entry: Entry, out: _Out) -> None:
     entry.explanation = None
     entry.requeue_at = 0
     s.fresh.pop(entry.key, None)
+    s.budget_started(entry, out.now)
     if s.fair_usage is not None and entry.cluster_queue in s.queues:
         state = s.queues[entry.cluster_queue]
         if state.spec.usage_based_fair_sharing:

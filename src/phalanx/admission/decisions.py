@@ -72,6 +72,8 @@ class PendingReason(enum.StrEnum):
     TOPOLOGY_PLACEMENT_FAILED = "TopologyPlacementFailed"
     BLOCKED_BY_HEAD = "StrictFIFO"
     WAITING_FOR_PREEMPTED_WORKLOADS = "WaitingForPreemptedWorkloads"
+    BUDGET_EXCEEDED = "BudgetExceeded"
+    """Phalanx's usage budgets: the workload's LocalQueue or ClusterQueue used its budget up."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,8 @@ class Where(enum.IntEnum):
     """Its LocalQueue is stopped, or the workload is inactive."""
     BACKOFF = 4
     """Waiting for its requeue time after an eviction."""
+    BUDGET = 5
+    """Waiting for the window of a used-up budget to reset."""
 
 
 def shape_of(workload: Workload, priority: int) -> Hashable:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from phalanx.admission import cycle, routing, stopping
+from phalanx.admission.budgets import Budget, BudgetLedger
 from phalanx.admission.cache import QuotaBooks
 from phalanx.admission.decisions import (
     CycleResult,
@@ -68,6 +69,8 @@ class SchedulerConfig:
     admission_fair_sharing: AdmissionFairSharing | None = None
     """Kueue's ``admissionFairSharing`` (with its feature gate on): ClusterQueues with
     ``usage_based_fair_sharing`` serve their LocalQueues by decayed usage. None: off."""
+    budgets: tuple[Budget, ...] = ()
+    """Phalanx's usage budgets (``phalanx.admission.budgets``); none: no limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,12 @@ class Scheduler:
         afs = self.config.admission_fair_sharing
         self.fair_usage: UsageLedger | None = None if afs is None else UsageLedger(afs)
         """Decayed usage per LocalQueue (admission fair sharing), None when it is off."""
+        self.budgets: BudgetLedger | None = (
+            BudgetLedger(self.config.budgets) if self.config.budgets else None
+        )
+        """Resource-time per budget, None without budgets."""
+        self.budget_waits: list[tuple[int, int, Entry]] = []
+        """(window end, sequence, entry): workloads waiting for a used-up budget to reset."""
         self._fair_local_queues: list[str] | None = None
         """``fair_sharing_local_queues()`` until a ClusterQueue or LocalQueue changes."""
         self.now = 0
@@ -321,8 +330,11 @@ class Scheduler:
         if not workload.active:
             stopping.deactivate(self, entry)
 
-    def delete_workload(self, key: str) -> None:
-        """The workload is gone (deleted, or finished): release whatever it holds."""
+    def delete_workload(self, key: str, *, now: int | None = None) -> None:
+        """The workload is gone (deleted, or finished): release whatever it holds. ``now``
+        (when the operator saw it go) ends its reservation for the budgets."""
+        if now is not None:
+            self.now = max(self.now, now)
         # An orphan (restored admitted, its ClusterQueue missing) must not come back with
         # the ClusterQueue once it is gone.
         self.books.forget_orphan(key)
@@ -338,9 +350,9 @@ class Scheduler:
             stopping.release_admitted(self, entry)
         self.fresh.pop(key, None)
 
-    def finish_workload(self, key: str) -> None:
+    def finish_workload(self, key: str, *, now: int | None = None) -> None:
         """The workload completed; its quota is free (Kueue's ``Finished`` condition)."""
-        self.delete_workload(key)
+        self.delete_workload(key, now=now)
 
     def workload_evicted(
         self, key: str, *, now: int, backoff: bool = False, requeue_at: int | None = None
@@ -392,6 +404,7 @@ class Scheduler:
         self._put(entry)
         entry.admitted_at = self.now
         self.books.admit(entry, state, admission)
+        self.budget_started(entry, self.now)
 
     def capacity_changed(self) -> None:
         """Free capacity on flavors with a topology changed (nodes, or pods the placement
@@ -465,6 +478,37 @@ class Scheduler:
         for (_, resource), amount in entry.usage.items():
             requests[resource] = requests.get(resource, 0.0) + kueue_amount(resource, amount)
         ledger.charge(entry.local_queue, requests, self.admitted_usage(entry.local_queue), now)
+
+    # -- usage budgets ----------------------------------------------------------------------
+
+    def budget_started(self, entry: Entry, now: int) -> None:
+        """``entry`` reserved quota at ``now``: its budgets count it from then (cycle.py)."""
+        if self.budgets is None:
+            return
+        amounts: dict[str, float] = {}
+        for (_, resource), amount in entry.usage.items():
+            amounts[resource] = amounts.get(resource, 0.0) + kueue_amount(resource, amount)
+        self.budgets.start(
+            entry.key,
+            local_queue=entry.local_queue,
+            cluster_queue=entry.cluster_queue,
+            amounts=amounts,
+            now=now,
+        )
+
+    def restore_budget_usage(self, index: int, used_hours: float, at: int) -> None:
+        """Seed budget ``index`` (in ``SchedulerConfig.budgets`` order) with what it used in
+        ``at``'s window up to ``at`` (the store's history); admitted workloads count from
+        ``at`` on. Without it, a budget counts from the time 0. No-op without budgets."""
+        if self.budgets is not None:
+            self.budgets.restore(index, used_hours, at)
+
+    def budget_usage(self, now: int) -> list[tuple[Budget, float]]:
+        """Each budget with its resource-hours used in ``now``'s window (for metrics)."""
+        ledger = self.budgets
+        if ledger is None:
+            return []
+        return [(b, ledger.used_hours(i, now)) for i, b in enumerate(ledger.budgets)]
 
     # -- the cycle ---------------------------------------------------------------------------
 

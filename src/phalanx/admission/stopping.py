@@ -34,6 +34,8 @@ def release_admitted(s: Scheduler, entry: Entry) -> None:
     deleted while it held quota there goes once nothing holds any."""
     release_placement(s, entry)
     s.books.release(entry)
+    if s.budgets is not None:
+        s.budgets.stop(entry.key, s.now)
     state = s.queues.get(entry.cluster_queue or "")
     if state is not None and state.terminating and not s.books.reserving(state.name):
         s.delete_cluster_queue(state.name)

@@ -354,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         managed_jobs_namespace_selector=settings.managed_jobs_namespace_selector,
         tas_balanced_placement=bool(settings.tas_balanced_placement),
         admission_fair_sharing=_admission_fair_sharing(settings.admission_fair_sharing),
+        budgets=settings.budgets,
         **({"frameworks": settings.frameworks} if settings.frameworks is not None else {}),
         leader_election=leader_election,
         **(

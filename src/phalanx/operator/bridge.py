@@ -233,7 +233,7 @@ class CoreBridge:
         if obj is None:
             self._generation.pop(key, None)
             self._terminal.discard(key)
-            s.delete_workload(key)
+            s.delete_workload(key, now=now_ms)
             result.deleted.append(key)
             return
         metadata = obj["metadata"]
@@ -242,7 +242,7 @@ class CoreBridge:
         known = self._generation.get(key)
         if known is not None and known[0] != uid:
             # Deleted and re-created under the same name between two cycles.
-            s.delete_workload(key)
+            s.delete_workload(key, now=now_ms)
             self._terminal.discard(key)
             known = None
         status = obj.get("status") or {}
@@ -250,7 +250,7 @@ class CoreBridge:
         if cond.is_true(conditions, cond.FINISHED):
             if key not in self._terminal:
                 self._terminal.add(key)
-                s.finish_workload(key)
+                s.finish_workload(key, now=now_ms)
                 result.finished.append(key)
             self._generation[key] = (uid, generation)
             return

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.admission.budgets import Budget
 from phalanx.admission.fair_usage import AdmissionFairSharing
 from phalanx.operator.leader import LeaderElectionConfig
 
@@ -102,6 +103,8 @@ class OperatorConfig:
     """Kueue's ``admissionFairSharing`` (``--config``, with the ``AdmissionFairSharing`` gate
     on): ClusterQueues with ``UsageBasedAdmissionFairSharing`` serve their LocalQueues by
     decayed usage, kept in the LocalQueues' status (docs/scheduling.md)."""
+    budgets: tuple[Budget, ...] = ()
+    """Phalanx's usage budgets (``budgets`` in ``--config``; docs/budgets.md)."""
     tas_balanced_placement: bool = False
     """Kueue's feature gate ``TASBalancedPlacement`` (``featureGates`` in ``--config``):
     preferred pod sets are spread evenly over the fewest domains (docs/placement.md)."""

@@ -14,6 +14,8 @@ brought over as it is:
 - ``featureGates``: ``TASBalancedPlacement`` (balanced topology placement of preferred pod
   sets) and ``AdmissionFairSharing`` are honoured; the other gates are read past, each named
   in a log line;
+- ``budgets`` is Phalanx's own (usage budgets per LocalQueue or ClusterQueue;
+  ``phalanx.operator.budgetconfig``, docs/budgets.md);
 - the process-level sections (``health``, ``metrics``, ``webhook``, ``leaderElection``, ...) are
   set by ``phalanx operator`` flags instead and are read past, each named in a log line;
 - anything else, or a value Phalanx does not implement (``manageJobsWithoutQueueName: true``,
@@ -33,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from phalanx.admission.budgets import Budget
+from phalanx.operator.budgetconfig import parse_budgets
 from phalanx.operator.integration import KUEUE_FRAMEWORKS
 
 __all__ = [
@@ -110,6 +114,8 @@ class ConfigFile:
     """``admissionFairSharing``; None when absent or its feature gate is off."""
     frameworks: tuple[str, ...] | None = None
     """``integrations.frameworks``: the enabled integrations."""
+    budgets: tuple[Budget, ...] = ()
+    """Phalanx's ``budgets`` (usage budgets), in the file's order."""
     ignored: tuple[str, ...] = field(default=())
     """Process sections present in the file and read past (flags set them)."""
 
@@ -155,7 +161,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
         problems.append(f"kind: must be Configuration, got {document.get('kind')!r}")
     known = {"apiVersion", "kind", "featureGates", *PROCESS_SECTIONS}
     known |= {"waitForPodsReady", "fairSharing", "integrations", "manageJobsWithoutQueueName"}
-    known |= {"admissionFairSharing"}
+    known |= {"admissionFairSharing", "budgets"}
     known |= {"managedJobsNamespaceSelector", "namespaceSelector"}
     for key in document:
         if key not in known:
@@ -165,6 +171,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
     _fair_sharing(document.get("fairSharing"), values, problems)
     _admission_fair_sharing(document.get("admissionFairSharing"), values, problems)
     _integrations(document.get("integrations"), values, problems)
+    values["budgets"] = parse_budgets(document.get("budgets"), problems)
     other_gates = _feature_gates(document.get("featureGates"), values, problems)
     if document.get("manageJobsWithoutQueueName") not in (None, False):
         problems.append(

@@ -31,6 +31,7 @@ from phalanx.api import convert
 from phalanx.operator import conditions as cond
 from phalanx.operator.afs import FairUsageKeeper
 from phalanx.operator.bridge import CoreBridge
+from phalanx.operator.budgets import BudgetKeeper
 from phalanx.operator.checks import AdmissionCheckSync
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.decision_status import (
@@ -104,10 +105,12 @@ class SchedulingLoop:
                 backoff_base_ms=int(pods_ready.backoff_base_seconds * 1000),
                 backoff_max_ms=int(pods_ready.backoff_max_seconds * 1000),
                 admission_fair_sharing=config.admission_fair_sharing,
+                budgets=config.budgets,
             ),
             placement=self.oracle,
         )
         self.fair_usage = FairUsageKeeper(self.scheduler, state, store_url=config.store_url)
+        self.budgets = BudgetKeeper(self.scheduler, store_url=config.store_url, metrics=metrics)
         self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
         self.finalizers = ResourceInUseFinalizers(api, state, spawn=self._spawn)
         self.checks = AdmissionCheckSync(
@@ -161,6 +164,7 @@ class SchedulingLoop:
         if self._wait_synced is not None:
             await self._wait_synced()
         await self.fair_usage.prefetch(now_ms())
+        await self.budgets.prefetch(now_ms())
         first = self._sync()
         logger.info(
             "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
@@ -277,6 +281,7 @@ class SchedulingLoop:
                 elapsed,
             )
         self._apply(result)
+        self.budgets.export(result.time)
         for callback in self.on_cycle:
             callback(result)
 

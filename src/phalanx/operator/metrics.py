@@ -114,6 +114,19 @@ class Metrics:
             ["cluster_queue", "reason"],
             registry=r,
         )
+        self.budget_used = Gauge(
+            "phalanx_budget_used_resource_hours",
+            "Resource-hours a usage budget's 'scope' used of its 'resource' in the current"
+            " window, running workloads up to now",
+            ["scope", "resource"],
+            registry=r,
+        )
+        self.budget_limit = Gauge(
+            "phalanx_budget_limit_resource_hours",
+            "A usage budget's limit in resource-hours per window, per 'scope' and 'resource'",
+            ["scope", "resource"],
+            registry=r,
+        )
         self.cycle_duration = Histogram(
             "phalanx_scheduling_cycle_duration_seconds",
             "Wall time of one scheduling cycle of the core (decisions only, no API writes)",

@@ -35,14 +35,14 @@ import logging
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp.web
 
-from phalanx.admission.records import Phase, Where
+from phalanx.admission.records import Entry, Phase, Where
 from phalanx.admission.scheduler import Scheduler
 from phalanx.operator.certs import ReloadingCert
 from phalanx.operator.kube import KubeApi
@@ -117,16 +117,35 @@ def api_resource_list() -> dict[str, Any]:
 
 def queue_order(scheduler: Scheduler, cluster_queue: str) -> list[Any] | None:
     """The pending workloads (core entries) of ``cluster_queue`` in the order the scheduler
-    takes them: its live queue, then those backing off by requeue time. None: no such
+    takes them: its live queue, then those backing off by requeue time, then those waiting
+    for a used-up budget by its reset time. None: no such
     ClusterQueue. Call only between cycles."""
     state = scheduler.queues.get(cluster_queue)
     if state is None:
         return None
     order = list(state.queue.entries())
     seen = {entry.key for entry in order}
-    for _, _, entry in sorted(scheduler.backoff, key=lambda item: (item[0], item[1])):
+    for where, heap in ((Where.BACKOFF, scheduler.backoff), (Where.BUDGET, scheduler.budget_waits)):
+        _append_waiting(
+            scheduler, cluster_queue=cluster_queue, where=where, heap=heap, order=order, seen=seen
+        )
+    return order
+
+
+def _append_waiting(
+    scheduler: Scheduler,
+    *,
+    cluster_queue: str,
+    where: Where,
+    heap: Sequence[tuple[int, int, Entry]],
+    order: list[Any],
+    seen: set[str],
+) -> None:
+    """Append the entries of ``heap`` (backing off, or waiting for a budget's reset) that
+    wait there for ``cluster_queue``, by the time they are due."""
+    for _, _, entry in sorted(heap, key=lambda item: (item[0], item[1])):
         if (
-            entry.where == Where.BACKOFF
+            entry.where == where
             and entry.phase == Phase.PENDING
             and entry.cluster_queue == cluster_queue
             and entry.key not in seen
@@ -134,7 +153,6 @@ def queue_order(scheduler: Scheduler, cluster_queue: str) -> list[Any] | None:
         ):
             seen.add(entry.key)
             order.append(entry)
-    return order
 
 
 def _item(

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client import CollectorRegistry, Gauge
 
+from phalanx.admission.budgets import Budget, ScopeKind
 from phalanx.admission.model import (
     ClusterQueue,
     FlavorQuotas,
@@ -33,7 +34,7 @@ from phalanx.admission.model import (
     ResourceGroup,
     Workload,
 )
-from phalanx.admission.scheduler import Scheduler
+from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.visibility import (
     FrontProxy,
@@ -53,8 +54,8 @@ BASE = "/apis/visibility.kueue.x-k8s.io/v1beta2"
 class World:
     """One ClusterQueue ``cq`` of ``cpus`` CPUs, LocalQueues ``a`` and ``b`` in ``team``."""
 
-    def __init__(self, cpus: int = 1) -> None:
-        self.scheduler = Scheduler()
+    def __init__(self, cpus: int = 1, *, budgets: tuple[Budget, ...] = ()) -> None:
+        self.scheduler = Scheduler(config=SchedulerConfig(budgets=budgets))
         self.objects: dict[str, dict[str, Any]] = {}
         self.scheduler.apply_resource_flavor(ResourceFlavor("default"))
         self.scheduler.set_namespace("team", {})
@@ -219,6 +220,26 @@ def test_backing_off_workloads_come_last() -> None:
     summary = w.cq()
     assert names(summary) == ["late", "early"]
     assert summary["items"][1]["phalanxExplanation"]["reason"] == "Backoff"
+
+
+def test_workloads_waiting_for_a_budget_are_listed_after_the_queue() -> None:
+    """b's budget (0.25 cpu-hours per 1000 h) is used up: b2 waits for its reset, listed after
+    the live queue with its explanation; without the budget's heap it would be missing."""
+    budget = Budget(ScopeKind.LOCAL_QUEUE, "team/b", "cpu", 0.25, 1000 * 3_600_000)
+    w = World(cpus=3, budgets=(budget,))
+    w.submit("b1", "b", t=0)
+    assert w.cycle() == ["b1"]  # holds 1 CPU from 1000 s on: 0.278 cpu-hours at 2000 s
+    w.submit("a1", "a", t=1)
+    w.submit("b2", "b", t=2)
+    w.submit("a2", "a", t=3)
+    w.submit("a3", "a", t=4)
+    assert w.cycle() == ["a1", "a2"]  # at 2000 s; b2 waits for the budget, a3 for quota
+    summary = w.cq()
+    assert names(summary) == ["a3", "b2"]
+    explanation = summary["items"][1]["phalanxExplanation"]
+    assert explanation["reason"] == "BudgetExceeded"
+    assert "LocalQueue team/b used 0.2778 of its 0.25 cpu-hours" in explanation["message"]
+    assert names(w.lq("b")) == ["b2"]
 
 
 def test_pending_by_reason_gauge(world: World) -> None:
