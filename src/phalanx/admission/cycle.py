@@ -42,7 +42,7 @@ from phalanx.quotas.resources import FlavorResource
 if TYPE_CHECKING:
     from phalanx.admission.scheduler import Scheduler
 
-__all__ = ["run"]
+__all__ = ["assign", "preemption_targets", "run"]
 
 
 class _Out:
@@ -249,7 +249,7 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
                 nominate(state)
             continue
         if assignment is None or version != state.node.root.version:
-            assignment = _assign(s, state, entry, out)
+            assignment = assign(s, state, entry, out)
             fresh = ordering.key(
                 entry,
                 state,
@@ -286,14 +286,17 @@ def _estimated_key(s: Scheduler, state: ClusterQueueState, entry: Entry) -> orde
     )
 
 
-def _assign(
+def assign(
     s: Scheduler,
     state: ClusterQueueState,
     entry: Entry,
-    out: _Out,
+    out: _Out | None = None,
     counts: Sequence[int] | None = None,
 ) -> Assignment:
-    out.attempts += 1
+    """The flavor assignment of ``entry`` in ``state`` on the live books (reads only; a dry
+    run passes no ``out``)."""
+    if out is not None:
+        out.attempts += 1
     placement = s.placement
 
     def can_preempt(fr: FlavorResource, amount: int, nominal: int) -> bool:
@@ -359,7 +362,7 @@ def _process(
             return
         reason = PendingReason.TOPOLOGY_PLACEMENT_FAILED
     elif assignment.mode == FitMode.PREEMPT:
-        targets, probe = _targets(s, state, entry, assignment)
+        targets, probe = preemption_targets(s, state, entry, assignment)
         if targets:
             _preempt(s, state, entry, assignment, targets, out)
             return
@@ -395,11 +398,18 @@ def _process(
     state.queue.park_head_class(entry, found)
 
 
-def _targets(
-    s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment
+def preemption_targets(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    assignment: Assignment,
+    *,
+    cycle: int | None = None,
 ) -> tuple[list[Target], placing.PlacementProbe | None]:
     """Victims that let the preemptor fit, quota and (on a TAS flavor) placement; and the
-    placement probe used, whose ``failure`` says why placement did not fit."""
+    placement probe used, whose ``failure`` says why placement did not fit. The search
+    restores the tree before returning. ``cycle``: the cycle it decides for (default the
+    running one; a dry run between cycles asks for the next)."""
     probe = None
     placement = s.placement
     if placement is not None and any(
@@ -415,7 +425,7 @@ def _targets(
         states=s.queues,
         fair_sharing=s.config.fair_sharing_strategies if s.config.fair_sharing else None,
         lendable_cache=s.lendable_cache,
-        cycle=s.cycle_number,
+        cycle=s.cycle_number if cycle is None else cycle,
         placement_fits=probe,
         pledged=s.books.pledged(state.name),
     )
@@ -487,13 +497,13 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
 
     def attempt(step: int) -> tuple[Assignment, list[Target]] | None:
         counts = [low + delta * step // top for low, delta in zip(mins, deltas, strict=True)]
-        assignment = _assign(s, state, entry, out, counts)
+        assignment = assign(s, state, entry, out, counts)
         if assignment.mode == FitMode.FIT:
             if placing.place_assignment(s.placement, entry.key, assignment, reserve=False)[0]:
                 return assignment, []
             return None
         if assignment.mode == FitMode.PREEMPT:
-            targets, _ = _targets(s, state, entry, assignment)
+            targets, _ = preemption_targets(s, state, entry, assignment)
             if targets:
                 return assignment, targets
         return None

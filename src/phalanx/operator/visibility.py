@@ -42,7 +42,8 @@ from typing import Any
 
 import aiohttp.web
 
-from phalanx.admission.records import Phase, Where
+from phalanx.admission import insight
+from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler
 from phalanx.operator.certs import ReloadingCert
 from phalanx.operator.kube import KubeApi
@@ -117,24 +118,9 @@ def api_resource_list() -> dict[str, Any]:
 
 def queue_order(scheduler: Scheduler, cluster_queue: str) -> list[Any] | None:
     """The pending workloads (core entries) of ``cluster_queue`` in the order the scheduler
-    takes them: its live queue, then those backing off by requeue time. None: no such
-    ClusterQueue. Call only between cycles."""
-    state = scheduler.queues.get(cluster_queue)
-    if state is None:
-        return None
-    order = list(state.queue.entries())
-    seen = {entry.key for entry in order}
-    for _, _, entry in sorted(scheduler.backoff, key=lambda item: (item[0], item[1])):
-        if (
-            entry.where == Where.BACKOFF
-            and entry.phase == Phase.PENDING
-            and entry.cluster_queue == cluster_queue
-            and entry.key not in seen
-            and scheduler.entries.get(entry.key) is entry
-        ):
-            seen.add(entry.key)
-            order.append(entry)
-    return order
+    takes them (``insight.pending_order``). None: no such ClusterQueue. Call only between
+    cycles."""
+    return insight.pending_order(scheduler, cluster_queue)
 
 
 def _item(
