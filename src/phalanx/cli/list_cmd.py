@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from phalanx.cli import kube_access
+
 KINDS = {
     "workload": "workloads",
     "wl": "workloads",
@@ -56,21 +58,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "-o", "--output", choices=("table", "wide", "json", "yaml"), default="table"
     )
-    parser.add_argument("--kubeconfig", help="the kubeconfig file (as kubectl finds it by default)")
-    parser.add_argument("--context", help="the kubeconfig context to use")
+    kube_access.add_connection_args(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from phalanx.operator import kubeconfig
-
     if args.kind in ("clusterqueue", "cq") and (args.namespace or args.all_namespaces):
         print("error: ClusterQueues are cluster-scoped: drop -n/-A", file=sys.stderr)
         return 2
-    try:
-        auth = kubeconfig.load(args.kubeconfig, context=args.context)
-    except (kubeconfig.KubeconfigError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    auth = kube_access.connect(args)
+    if auth is None:
         return 2
     namespace = None if args.all_namespaces else (args.namespace or auth.default_namespace)
     return asyncio.run(_run(args, auth, namespace))

@@ -16,12 +16,14 @@ from phalanx.cli import (
     crds_cmd,
     demo_cmd,
     devcluster_cmd,
+    explain_cmd,
     list_cmd,
     operator_cmd,
     report_cmd,
     simulate_cmd,
     store_cmd,
     validate_cmd,
+    whatif_cmd,
 )
 
 # Subcommand modules, in the order `phalanx --help` lists them.
@@ -33,6 +35,8 @@ _COMMANDS = (
     demo_cmd,
     validate_cmd,
     list_cmd,
+    explain_cmd,
+    whatif_cmd,
     report_cmd,
     store_cmd,
     simulate_cmd,
