@@ -260,7 +260,8 @@ def _hints(
 
 def pod_set_lines(explanation: Explanation) -> list[str]:
     """The flavors tried, per pod set, from ``Explanation.details`` (without its summary)."""
-    return [line for line in explanation.details().splitlines()[1:] if line.startswith("    ")]
+    lines = explanation.details().splitlines()[1:]
+    return [line for line in lines if line.startswith(("  pod set ", "    "))]
 
 
 def _amount(resource: str, amount: int) -> str:
