@@ -159,9 +159,17 @@ def pending_order(s: Scheduler, cluster_queue: str) -> list[Entry] | None:
 
 
 def position_of(s: Scheduler, entry: Entry) -> Position | None:
-    order = pending_order(s, entry.cluster_queue or "")
-    if order is None:
+    """``entry``'s place in ``pending_order``, counted without sorting the queue."""
+    state = s.queues.get(entry.cluster_queue or "")
+    if state is None or entry.phase != Phase.PENDING:
         return None
+    if entry.where == Where.QUEUED:
+        ahead = list(
+            state.queue.ahead_of(entry.priority, entry.order_time, entry.seq, entry.local_queue)
+        )
+        in_lq = sum(1 for e in ahead if e.local_queue == entry.local_queue)
+        return Position(len(ahead), in_lq)
+    order = pending_order(s, state.name) or []
     in_lq = 0
     for index, other in enumerate(order):
         if other is entry:

@@ -195,23 +195,15 @@ def _queue_place(s: Scheduler, entry: Entry) -> tuple[insight.Position, int]:
     equal ones already queued; by LocalQueue usage first with admission fair sharing), and
     how many of those ahead of it the cycle would try first."""
     state = s.queues[entry.cluster_queue or ""]
-    queue = state.queue
-    fair = queue.fair
-
-    def key(e: Entry) -> tuple[float, int, int, int]:
-        usage = fair(e.local_queue) if fair is not None else 0.0
-        return (usage, -e.priority, e.order_time, e.seq)
-
-    mine = key(entry)
+    strict = state.spec.queueing_strategy == QueueingStrategy.STRICT_FIFO
     in_cq = in_lq = tried_first = 0
-    for other in queue.entries():
-        if key(other) >= mine:
-            break
+    for other in state.queue.ahead_of(
+        entry.priority, entry.order_time, entry.seq, entry.local_queue
+    ):
         in_cq += 1
         in_lq += other.local_queue == entry.local_queue
         cls = other.queue_class
-        parked = isinstance(cls, QueueClass) and cls.parked
-        if state.spec.queueing_strategy == QueueingStrategy.STRICT_FIFO or not parked:
+        if strict or not (isinstance(cls, QueueClass) and cls.parked):
             tried_first += 1
     return insight.Position(in_cq, in_lq), tried_first
 

@@ -17,7 +17,9 @@ from core_builders import (
 from test_core_topology import cluster as tas_cluster
 from test_core_topology import gang
 
+from phalanx.admission import insight
 from phalanx.admission.decisions import PendingReason
+from phalanx.admission.model import LocalQueue
 from phalanx.admission.scheduler import Scheduler
 from phalanx.admission.whatif import Verdict
 
@@ -187,3 +189,20 @@ def test_what_if_on_a_topology_flavor_places_without_reserving() -> None:
     # Nothing was reserved: a gang taking all of both racks still fits for real.
     s.add_workload(gang("all", 4, required=False).obj())
     assert [a.workload for a in s.run_cycle(1).admitted] == ["default/all"]
+
+
+def test_positions_counted_without_sorting_match_the_queue_order() -> None:
+    c = Cluster(queues=[team("solo", "1")])
+    c.scheduler.apply_local_queue(LocalQueue("default", "other", "solo"))
+    c.admit_all(wl("running", "solo", "1"))
+    for i in range(12):
+        queue = "solo" if i % 3 else "other"
+        c.submit(wl(f"w{i}", queue, "1", priority=i % 4, created=10 - i % 5))
+    c.cycle()
+    order = insight.pending_order(c.scheduler, "solo")
+    assert order is not None and len(order) == 12
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(order):
+        position = insight.position_of(c.scheduler, entry)
+        assert position == insight.Position(index, seen.get(entry.local_queue, 0)), entry.key
+        seen[entry.local_queue] = seen.get(entry.local_queue, 0) + 1
