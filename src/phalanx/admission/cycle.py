@@ -42,7 +42,7 @@ from phalanx.quotas.resources import FlavorResource
 if TYPE_CHECKING:
     from phalanx.admission.scheduler import Scheduler
 
-__all__ = ["assign", "preemption_targets", "run"]
+__all__ = ["assign", "partial_fit", "preemption_targets", "run"]
 
 
 class _Out:
@@ -486,14 +486,23 @@ def _preempt(
     out.preempted.append(Preempt(entry.key, state.name, tuple(victims), out.now))
 
 
-def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out: _Out) -> bool:
-    """``minCount``: admit the largest pod counts that fit (binary search), if any do."""
+def partial_fit(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    out: _Out | None = None,
+    *,
+    cycle: int | None = None,
+) -> tuple[Assignment, list[Target]] | None:
+    """``minCount``: the largest pod counts that fit (binary search), with the victims they
+    need (none: it fits as is); None when not even the minimum fits. Reads only (placement
+    what-ifs, the victim search restores the tree); ``cycle`` as for ``preemption_targets``."""
     pod_sets = entry.workload.pod_sets
     mins = [ps.count if ps.min_count is None else min(ps.min_count, ps.count) for ps in pod_sets]
     deltas = [ps.count - low for ps, low in zip(pod_sets, mins, strict=True)]
     top = max(deltas, default=0)
     if top <= 0:
-        return False
+        return None
 
     def attempt(step: int) -> tuple[Assignment, list[Target]] | None:
         counts = [low + delta * step // top for low, delta in zip(mins, deltas, strict=True)]
@@ -503,14 +512,14 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
                 return assignment, []
             return None
         if assignment.mode == FitMode.PREEMPT:
-            targets, _ = preemption_targets(s, state, entry, assignment)
+            targets, _ = preemption_targets(s, state, entry, assignment, cycle=cycle)
             if targets:
                 return assignment, targets
         return None
 
     best = attempt(0)
     if best is None:
-        return False
+        return None
     low, high = 0, top - 1
     while low < high:
         mid = (low + high + 1) // 2
@@ -519,6 +528,14 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
             high = mid - 1
         else:
             low, best = mid, found
+    return best
+
+
+def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out: _Out) -> bool:
+    """``minCount``: admit (or preempt for) the largest pod counts that fit, if any do."""
+    best = partial_fit(s, state, entry, out)
+    if best is None:
+        return False
     assignment, targets = best
     if targets:
         _preempt(s, state, entry, assignment, targets, out)

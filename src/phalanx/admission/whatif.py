@@ -7,20 +7,24 @@ workload gets no entry in the books and no place in a queue; nothing is changed.
 position is where it would be queued now; ``ahead`` counts the workloads the cycle would try
 first that are not parked, so "admitted now" holds for it as the head of its ClusterQueue.
 
-What the dry run leaves out: the cycle's earlier steps (backoffs expiring, preemptors whose
-victims are gone being admitted) and partial admission (``minCount``) are not simulated;
-they change the books the real cycle decides on.
+When the full count does not fit, partial admission (``minCount``) is tried as the cycle
+tries it (``cycle.partial_fit``). What the dry run leaves out: the cycle's earlier steps
+(backoffs expiring, preemptors whose victims are gone being admitted), which change the books
+the real cycle decides on.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from phalanx.admission import cycle, explaining, insight, placing, routing
 from phalanx.admission.decisions import Explanation, FitMode, PendingReason, Victim
+from phalanx.admission.flavors import Assignment
 from phalanx.admission.model import Admission, QueueingStrategy, StopPolicy, Workload
+from phalanx.admission.preemption import Target
 from phalanx.admission.queues import QueueClass
 from phalanx.admission.records import Entry
 
@@ -165,6 +169,9 @@ def what_if(s: Scheduler, workload: Workload) -> WhatIf:
             failure = f"no preemption can make room: {probe.failure}"
         else:
             failure = "no workloads to preempt"
+    partial = cycle.partial_fit(s, state, entry, cycle=s.cycle_number + 1)
+    if partial is not None:
+        return _partial_answer(s, entry, state.name, partial, answer)
     blocking: list[str] = []
     if assignment.mode != FitMode.NO_FIT or assignment.reason == PendingReason.WAITING_FOR_QUOTA:
         blocking = explaining.holders(state, assignment, limit=s.config.blocking_limit)
@@ -181,6 +188,34 @@ def what_if(s: Scheduler, workload: Workload) -> WhatIf:
         Verdict.PENDING,
         f"{found.reason.value}: {found.message}",
         explanation=found,
+    )
+
+
+def _partial_answer(
+    s: Scheduler,
+    entry: Entry,
+    cluster_queue: str,
+    partial: tuple[Assignment, list[Target]],
+    answer: Callable[..., WhatIf],
+) -> WhatIf:
+    """The full count does not fit but ``minCount`` lets fewer pods in: as the cycle would."""
+    assignment, targets = partial
+    counts = ", ".join(
+        f"{c.pod_set.name} {c.count} of {c.pod_set.count}" for c in assignment.pod_sets
+    )
+    if targets:
+        victims = tuple(Victim(v.key, v.cluster_queue or "", why) for v, why in targets)
+        return answer(
+            Verdict.PREEMPT,
+            f"partial admission ({counts} pods) after preempting {len(victims)} workload(s)",
+            admission=assignment.admission(cluster_queue),
+            victims=victims,
+        )
+    _, topology, _ = placing.place_assignment(s.placement, entry.key, assignment, reserve=False)
+    return answer(
+        Verdict.ADMIT,
+        f"partial admission ({counts} pods)",
+        admission=assignment.admission(cluster_queue, topology),
     )
 
 

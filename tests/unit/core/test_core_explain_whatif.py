@@ -11,6 +11,7 @@ from core_builders import (
     Cluster,
     MakeClusterQueue,
     MakeFlavorQuotas,
+    MakePodSet,
     MakeWorkload,
     victim_names,
 )
@@ -206,3 +207,22 @@ def test_positions_counted_without_sorting_match_the_queue_order() -> None:
         position = insight.position_of(c.scheduler, entry)
         assert position == insight.Position(index, seen.get(entry.local_queue, 0)), entry.key
         seen[entry.local_queue] = seen.get(entry.local_queue, 0) + 1
+
+
+def test_what_if_partial_admission_gets_the_counts_the_cycle_admits() -> None:
+    c = Cluster(queues=[team("solo", "4")])
+    c.admit_all(wl("running", "solo", "1"))
+    gang = (
+        MakeWorkload("gang")
+        .queue("solo")
+        .pod_sets(MakePodSet("workers", 6).request("cpu", 1).min_count(2))
+    )
+    before = fingerprint(c.scheduler)
+    answer = c.scheduler.what_if(gang.obj())
+    assert fingerprint(c.scheduler) == before
+    assert answer.verdict == Verdict.ADMIT
+    assert "partial admission (workers 3 of 6 pods)" in answer.message
+    assert answer.admission is not None and answer.admission.pod_sets[0].count == 3
+    c.submit(gang)
+    admitted = c.cycle().admitted
+    assert [a.admission.pod_sets[0].count for a in admitted] == [3]
