@@ -63,8 +63,10 @@ def install(cluster: ClusterHandle, kueue_crds: Path, tmp_path: Path) -> Iterato
             apply(cluster, *shipped)
             yield inst
         finally:
-            # The APIService first: an unavailable aggregated API stalls namespace deletion.
-            cluster.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found")
+            # The APIServices first (Kueue's and Phalanx's explain/what-if group): an
+            # unavailable aggregated API stalls namespace deletion.
+            services = [d["metadata"]["name"] for d in shipped if d["kind"] == "APIService"]
+            cluster.kubectl("delete", "apiservice", *services, "--ignore-not-found")
             cluster.kubectl("delete", "service", "phalanx-visibility", "-n", NAMESPACE)
             cluster.kubectl("delete", "clusterqueue", CQ, "--ignore-not-found")
 

@@ -43,7 +43,7 @@ from phalanx.quotas.resources import FlavorResource
 if TYPE_CHECKING:
     from phalanx.admission.scheduler import Scheduler
 
-__all__ = ["run"]
+__all__ = ["assign", "partial_fit", "preemption_targets", "run"]
 
 
 class _Out:
@@ -278,7 +278,7 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
             nominate(state)
             continue
         if assignment is None or version != state.node.root.version:
-            assignment = _assign(s, state, entry, out)
+            assignment = assign(s, state, entry, out)
             fresh = ordering.key(
                 entry,
                 state,
@@ -315,14 +315,17 @@ def _estimated_key(s: Scheduler, state: ClusterQueueState, entry: Entry) -> orde
     )
 
 
-def _assign(
+def assign(
     s: Scheduler,
     state: ClusterQueueState,
     entry: Entry,
-    out: _Out,
+    out: _Out | None = None,
     counts: Sequence[int] | None = None,
 ) -> Assignment:
-    out.attempts += 1
+    """The flavor assignment of ``entry`` in ``state`` on the live books (reads only; a dry
+    run passes no ``out``)."""
+    if out is not None:
+        out.attempts += 1
     placement = s.placement
 
     def can_preempt(fr: FlavorResource, amount: int, nominal: int) -> bool:
@@ -388,7 +391,7 @@ def _process(
             return
         reason = PendingReason.TOPOLOGY_PLACEMENT_FAILED
     elif assignment.mode == FitMode.PREEMPT:
-        targets, probe = _targets(s, state, entry, assignment)
+        targets, probe = preemption_targets(s, state, entry, assignment)
         if targets:
             _preempt(s, state, entry, assignment, targets, out)
             return
@@ -424,11 +427,18 @@ def _process(
     state.queue.park_head_class(entry, found)
 
 
-def _targets(
-    s: Scheduler, state: ClusterQueueState, entry: Entry, assignment: Assignment
+def preemption_targets(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    assignment: Assignment,
+    *,
+    cycle: int | None = None,
 ) -> tuple[list[Target], placing.PlacementProbe | None]:
     """Victims that let the preemptor fit, quota and (on a TAS flavor) placement; and the
-    placement probe used, whose ``failure`` says why placement did not fit."""
+    placement probe used, whose ``failure`` says why placement did not fit. The search
+    restores the tree before returning. ``cycle``: the cycle it decides for (default the
+    running one; a dry run between cycles asks for the next)."""
     probe = None
     placement = s.placement
     if placement is not None and any(
@@ -444,7 +454,7 @@ def _targets(
         states=s.queues,
         fair_sharing=s.config.fair_sharing_strategies if s.config.fair_sharing else None,
         lendable_cache=s.lendable_cache,
-        cycle=s.cycle_number,
+        cycle=s.cycle_number if cycle is None else cycle,
         placement_fits=probe,
         pledged=s.books.pledged(state.name),
     )
@@ -506,31 +516,40 @@ def _preempt(
     out.preempted.append(Preempt(entry.key, state.name, tuple(victims), out.now))
 
 
-def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out: _Out) -> bool:
-    """``minCount``: admit the largest pod counts that fit (binary search), if any do."""
+def partial_fit(
+    s: Scheduler,
+    state: ClusterQueueState,
+    entry: Entry,
+    out: _Out | None = None,
+    *,
+    cycle: int | None = None,
+) -> tuple[Assignment, list[Target]] | None:
+    """``minCount``: the largest pod counts that fit (binary search), with the victims they
+    need (none: it fits as is); None when not even the minimum fits. Reads only (placement
+    what-ifs, the victim search restores the tree); ``cycle`` as for ``preemption_targets``."""
     pod_sets = entry.workload.pod_sets
     mins = [ps.count if ps.min_count is None else min(ps.min_count, ps.count) for ps in pod_sets]
     deltas = [ps.count - low for ps, low in zip(pod_sets, mins, strict=True)]
     top = max(deltas, default=0)
     if top <= 0:
-        return False
+        return None
 
     def attempt(step: int) -> tuple[Assignment, list[Target]] | None:
         counts = [low + delta * step // top for low, delta in zip(mins, deltas, strict=True)]
-        assignment = _assign(s, state, entry, out, counts)
+        assignment = assign(s, state, entry, out, counts)
         if assignment.mode == FitMode.FIT:
             if placing.place_assignment(s.placement, entry.key, assignment, reserve=False)[0]:
                 return assignment, []
             return None
         if assignment.mode == FitMode.PREEMPT:
-            targets, _ = _targets(s, state, entry, assignment)
+            targets, _ = preemption_targets(s, state, entry, assignment, cycle=cycle)
             if targets:
                 return assignment, targets
         return None
 
     best = attempt(0)
     if best is None:
-        return False
+        return None
     low, high = 0, top - 1
     while low < high:
         mid = (low + high + 1) // 2
@@ -539,6 +558,14 @@ def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out
             high = mid - 1
         else:
             low, best = mid, found
+    return best
+
+
+def _partial_admission(s: Scheduler, state: ClusterQueueState, entry: Entry, out: _Out) -> bool:
+    """``minCount``: admit (or preempt for) the largest pod counts that fit, if any do."""
+    best = partial_fit(s, state, entry, out)
+    if best is None:
+        return False
     assignment, targets = best
     if targets:
         _preempt(s, state, entry, assignment, targets, out)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from phalanx.admission.model import Admission
+from phalanx.quotas.quantity import format_quantity
 
 __all__ = [
     "Admit",
@@ -139,10 +140,16 @@ class Explanation:
                 head = f"    flavor {attempt.flavor}: {attempt.mode.name}"
                 lines.append(f"{head} ({attempt.reason})" if attempt.reason else head)
                 for check in attempt.resources:
+                    r = check.resource
+
+                    def q(amount: int, r: str = r) -> str:
+                        return format_quantity(amount, resource=r)
+
                     lines.append(
-                        f"      {check.resource}: requested {check.requested}, nominal"
-                        f" {check.nominal}, used {check.used}, available {check.available}"
-                        f" (borrowable {check.borrowable}), max {check.max_capacity}"
+                        f"      {r}: requested {q(check.requested)}, nominal"
+                        f" {q(check.nominal)}, used {q(check.used)}, available"
+                        f" {q(check.available)} (borrowable {q(check.borrowable)}),"
+                        f" max {q(check.max_capacity)}"
                     )
         if self.blocking:
             lines.append(f"  blocked by: {', '.join(self.blocking)}")

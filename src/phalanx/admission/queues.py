@@ -285,6 +285,38 @@ class ClusterQueueQueue:
             live.sort(key=lambda item: item[:3])
         return (item[3] for item in live)
 
+    def ahead_of(
+        self, priority: int, order_time: int, seq: int, local_queue: str
+    ) -> Iterator[Entry]:
+        """The queued workloads that ``entries()`` puts before a workload with this priority,
+        creation order and LocalQueue, unsorted (O(n): one explain or what-if between
+        cycles need not sort a deep queue)."""
+        fair = self.fair
+        usage: dict[str, float] = {}
+
+        def used(lq: str) -> float:
+            if fair is None:
+                return 0.0
+            found = usage.get(lq)
+            if found is None:
+                found = usage[lq] = fair(lq)
+            return found
+
+        mine = (used(local_queue), -priority, order_time, seq)
+        for cls in self._classes.values():
+            for _, _, token, e in cls.heap:
+                if (
+                    _live(e, cls, token)
+                    and (
+                        used(e.local_queue),
+                        -e.priority,
+                        e.order_time,
+                        e.seq,
+                    )
+                    < mine
+                ):
+                    yield e
+
     def compact(self) -> None:
         """Drop empty classes (called rarely; classes are cheap to keep)."""
         for shape in [s for s, c in self._classes.items() if not c.heap and not c.parked]:

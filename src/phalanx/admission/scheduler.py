@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from phalanx.admission import cycle, routing, stopping
+from phalanx.admission import cycle, insight, routing, stopping, whatif
 from phalanx.admission.budgets import Budget, BudgetLedger
 from phalanx.admission.cache import QuotaBooks
 from phalanx.admission.decisions import (
@@ -532,6 +532,15 @@ class Scheduler:
             message="waiting in the queue; not tried yet",
             time=self.now,
         )
+
+    def explain_report(self, key: str) -> insight.Report | None:
+        """``explain`` with position, shortfalls, borrowers and hints (``insight.report``)."""
+        return insight.report(self, key)
+
+    def what_if(self, workload: Workload) -> whatif.WhatIf:
+        """What the next cycle would decide for ``workload`` were it created now; changes
+        nothing (``whatif.what_if``)."""
+        return whatif.what_if(self, workload)
 
     def phase(self, key: str) -> Phase | None:
         entry = self.entries.get(key)

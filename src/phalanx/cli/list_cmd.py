@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from phalanx.cli import list_pods
+from phalanx.cli import kube_access, list_pods
 
 KINDS = {
     "workload": "workloads",
@@ -64,14 +64,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "-o", "--output", choices=("table", "wide", "json", "yaml"), default="table"
     )
-    parser.add_argument("--kubeconfig", help="the kubeconfig file (as kubectl finds it by default)")
-    parser.add_argument("--context", help="the kubeconfig context to use")
+    kube_access.add_connection_args(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from phalanx.operator import kubeconfig
-
     if KINDS[args.kind] in ("clusterqueues", "resourceflavors") and (
         args.namespace or args.all_namespaces
     ):
@@ -83,10 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.for_ and args.all_namespaces:
         print("error: --for names one Job or Workload: use -n, not -A", file=sys.stderr)
         return 2
-    try:
-        auth = kubeconfig.load(args.kubeconfig, context=args.context)
-    except (kubeconfig.KubeconfigError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    auth = kube_access.connect(args)
+    if auth is None:
         return 2
     namespace = None if args.all_namespaces else (args.namespace or auth.default_namespace)
     return asyncio.run(_run(args, auth, namespace))

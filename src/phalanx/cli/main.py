@@ -17,6 +17,7 @@ from phalanx.cli import (
     crds_cmd,
     demo_cmd,
     devcluster_cmd,
+    explain_cmd,
     list_cmd,
     operator_cmd,
     plugin_cmd,
@@ -24,6 +25,7 @@ from phalanx.cli import (
     simulate_cmd,
     store_cmd,
     validate_cmd,
+    whatif_cmd,
 )
 
 # Subcommand modules, in the order `phalanx --help` lists them.
@@ -35,6 +37,8 @@ _COMMANDS = (
     demo_cmd,
     validate_cmd,
     list_cmd,
+    explain_cmd,
+    whatif_cmd,
     plugin_cmd,
     completion_cmd,
     report_cmd,

@@ -487,6 +487,7 @@ class PhalanxOperator:
             listen=self.config.visibility_addr,
             port=int(self.config.visibility_port or 0),
             cert_folder=folder,
+            objects=lambda kind: self.state.objects.get(kind, {}),
         )
         await self.visibility.start()
         self.spawn(self.visibility.keep_front_proxy(), name="phalanx-visibility-front-proxy")

@@ -35,15 +35,17 @@ import logging
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp.web
 
-from phalanx.admission.records import Entry, Phase, Where
+from phalanx.admission import insight
+from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler
+from phalanx.operator import insight_api
 from phalanx.operator.certs import ReloadingCert
 from phalanx.operator.kube import KubeApi
 from phalanx.operator.serving import _Site
@@ -85,7 +87,9 @@ def _group_body() -> dict[str, Any]:
 
 
 def api_group_list() -> dict[str, Any]:
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_body()]}
+    """Both groups this server answers: Kueue's and Phalanx's (``insight_api``)."""
+    groups = [_group_body(), insight_api.group_entry()]
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
 def api_group() -> dict[str, Any]:
@@ -117,42 +121,9 @@ def api_resource_list() -> dict[str, Any]:
 
 def queue_order(scheduler: Scheduler, cluster_queue: str) -> list[Any] | None:
     """The pending workloads (core entries) of ``cluster_queue`` in the order the scheduler
-    takes them: its live queue, then those backing off by requeue time, then those waiting
-    for a used-up budget by its reset time. None: no such
-    ClusterQueue. Call only between cycles."""
-    state = scheduler.queues.get(cluster_queue)
-    if state is None:
-        return None
-    order = list(state.queue.entries())
-    seen = {entry.key for entry in order}
-    for where, heap in ((Where.BACKOFF, scheduler.backoff), (Where.BUDGET, scheduler.budget_waits)):
-        _append_waiting(
-            scheduler, cluster_queue=cluster_queue, where=where, heap=heap, order=order, seen=seen
-        )
-    return order
-
-
-def _append_waiting(
-    scheduler: Scheduler,
-    *,
-    cluster_queue: str,
-    where: Where,
-    heap: Sequence[tuple[int, int, Entry]],
-    order: list[Any],
-    seen: set[str],
-) -> None:
-    """Append the entries of ``heap`` (backing off, or waiting for a budget's reset) that
-    wait there for ``cluster_queue``, by the time they are due."""
-    for _, _, entry in sorted(heap, key=lambda item: (item[0], item[1])):
-        if (
-            entry.where == where
-            and entry.phase == Phase.PENDING
-            and entry.cluster_queue == cluster_queue
-            and entry.key not in seen
-            and scheduler.entries.get(entry.key) is entry
-        ):
-            seen.add(entry.key)
-            order.append(entry)
+    takes them (``insight.pending_order``). None: no such ClusterQueue. Call only between
+    cycles."""
+    return insight.pending_order(scheduler, cluster_queue)
 
 
 def _item(
@@ -382,6 +353,23 @@ class FrontProxy:
         )
 
 
+@dataclass(frozen=True)
+class Access:
+    """What a request asks to do, as a SubjectAccessReview's resource attributes."""
+
+    group: str
+    version: str
+    verb: str
+    resource: str
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+
+    @property
+    def resource_path(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
 class NotServing(Exception):
     """This replica has no live queues to answer from (a standby, or not synced yet)."""
 
@@ -424,6 +412,7 @@ class VisibilityServer(_Site):
         refresh_seconds: float = 60.0,
         auth_ttl: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        objects: Callable[[str], Mapping[str, Mapping[str, Any]]] | None = None,
     ) -> None:
         self.cert = _ClientVerifyingCert(cert_folder / "tls.crt", cert_folder / "tls.key")
         super().__init__(listen=listen, port=port, ssl_context=self.cert.context)
@@ -434,9 +423,12 @@ class VisibilityServer(_Site):
         self.auth_ttl = auth_ttl
         self._clock = clock
         self._decisions: dict[tuple[Any, ...], tuple[float, bool, str]] = {}
+        self.objects = objects or (lambda kind: {})
+        """The informers' objects of a kind (priority classes, for a what-if on a Job)."""
 
     def routes(self) -> list[aiohttp.web.RouteDef]:
         base = f"/apis/{GROUP}/{VERSION}"
+        ours = f"/apis/{insight_api.GROUP}/{insight_api.VERSION}"
         return [
             aiohttp.web.get("/apis", self._discovery(api_group_list)),
             aiohttp.web.get(f"/apis/{GROUP}", self._discovery(api_group)),
@@ -446,6 +438,13 @@ class VisibilityServer(_Site):
                 f"{base}/namespaces/{{namespace}}/localqueues/{{name}}/pendingworkloads",
                 self._local_queue,
             ),
+            aiohttp.web.get(f"/apis/{insight_api.GROUP}", self._discovery(insight_api.api_group)),
+            aiohttp.web.get(ours, self._discovery(insight_api.api_resource_list)),
+            aiohttp.web.get(
+                f"{ours}/namespaces/{{namespace}}/workloads/{{name}}/explanation",
+                self._explanation,
+            ),
+            aiohttp.web.post(f"{ours}/namespaces/{{namespace}}/whatifs", self._what_if),
         ]
 
     # -- the request-header settings ----------------------------------------------------------
@@ -501,9 +500,10 @@ class VisibilityServer(_Site):
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         return await self._serve(request, resource="localqueues", namespace=namespace, name=name)
 
-    async def _serve(
-        self, request: aiohttp.web.Request, *, resource: str, namespace: str, name: str
-    ) -> aiohttp.web.Response:
+    async def _admit(
+        self, request: aiohttp.web.Request, ask: Access
+    ) -> aiohttp.web.Response | None:
+        """None when the front proxy's user may do ``ask``; else the answer (403, 503)."""
         user = (
             self.front_proxy.user(request.headers)
             if self.front_proxy is not None and self._from_front_proxy(request)
@@ -511,23 +511,36 @@ class VisibilityServer(_Site):
         )
         if user is None:
             logger.info("event=visibility_refused status=403 user=- reason=no_front_proxy_user")
-            return _forbidden("system:anonymous", resource, namespace, name)
+            return _forbidden("system:anonymous", ask)
         try:
-            allowed, reason = await self._authorize(user, resource, namespace, name)
+            allowed, reason = await self._authorize(user, ask)
         except Exception as error:
             logger.warning("event=visibility_review_failed error=%r", error)
             return status(503, "ServiceUnavailable", "cannot review the request now")
         if not allowed:
             logger.info(
-                "event=visibility_refused status=403 user=%s resource=%s/pendingworkloads "
+                "event=visibility_refused status=403 user=%s verb=%s group=%s resource=%s "
                 "namespace=%s name=%s reason=%r",
                 user.name,
-                resource,
-                namespace or "-",
-                name,
+                ask.verb,
+                ask.group,
+                ask.resource_path,
+                ask.namespace or "-",
+                ask.name or "-",
                 reason,
             )
-            return _forbidden(user.name, resource, namespace, name)
+            return _forbidden(user.name, ask)
+        return None
+
+    async def _serve(
+        self, request: aiohttp.web.Request, *, resource: str, namespace: str, name: str
+    ) -> aiohttp.web.Response:
+        refused = await self._admit(
+            request,
+            Access(GROUP, VERSION, "get", resource, "pendingworkloads", namespace, name),
+        )
+        if refused is not None:
+            return refused
         try:
             limit = int(request.query.get("limit", "0") or 0)
             offset = int(request.query.get("offset", "0") or 0)
@@ -557,31 +570,80 @@ class VisibilityServer(_Site):
             )
         return _json(200, summary)
 
-    async def _authorize(
-        self, user: RequestUser, resource: str, namespace: str, name: str
-    ) -> tuple[bool, str]:
-        key = (
-            user.name,
-            user.groups,
-            tuple(sorted(user.extra.items())),
-            resource,
+    async def _explanation(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        ask = Access(
+            insight_api.GROUP,
+            insight_api.VERSION,
+            "get",
+            "workloads",
+            "explanation",
             namespace,
             name,
         )
+        refused = await self._admit(request, ask)
+        if refused is not None:
+            return refused
+        try:
+            body = await self.reader(
+                lambda scheduler, _: insight_api.explanation_body(scheduler, namespace, name)
+            )
+        except NotServing as error:
+            return status(503, "ServiceUnavailable", str(error), retry_after=1)
+        if body is None:
+            return status(
+                404,
+                "NotFound",
+                f'workloads.kueue.x-k8s.io "{name}" not found in namespace "{namespace}"'
+                " (or not queued by Phalanx)",
+                details={"name": name, "group": "kueue.x-k8s.io", "kind": "workloads"},
+            )
+        return _json(200, body)
+
+    async def _what_if(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        namespace = request.match_info["namespace"]
+        ask = Access(insight_api.GROUP, insight_api.VERSION, "create", "whatifs", "", namespace)
+        refused = await self._admit(request, ask)
+        if refused is not None:
+            return refused
+        try:
+            manifest = insight_api.workload_for_request(
+                insight_api.decode(await request.read()), namespace, objects=self.objects
+            )
+        except insight_api.BadRequest as error:
+            return status(400, "BadRequest", str(error))
+
+        def decide(scheduler: Scheduler, _: Any) -> Any:
+            return insight_api.whatif_body(insight_api.what_if(scheduler, manifest))
+
+        try:
+            body = await self.reader(decide)
+        except NotServing as error:
+            return status(503, "ServiceUnavailable", str(error), retry_after=1)
+        except insight_api.BadRequest as error:
+            return status(400, "BadRequest", str(error))
+        # Created, as a SubjectAccessReview is: nothing is stored.
+        return _json(201, body)
+
+    async def _authorize(self, user: RequestUser, ask: Access) -> tuple[bool, str]:
+        key = (user.name, user.groups, tuple(sorted(user.extra.items())), ask)
         now = self._clock()
         cached = self._decisions.get(key)
         if cached is not None and cached[0] > now:
             return cached[1], cached[2]
         attributes: dict[str, Any] = {
-            "verb": "get",
-            "group": GROUP,
-            "version": VERSION,
-            "resource": resource,
-            "subresource": "pendingworkloads",
-            "name": name,
+            "verb": ask.verb,
+            "group": ask.group,
+            "version": ask.version,
+            "resource": ask.resource,
         }
-        if namespace:
-            attributes["namespace"] = namespace
+        for field_name, value in (
+            ("subresource", ask.subresource),
+            ("name", ask.name),
+            ("namespace", ask.namespace),
+        ):
+            if value:
+                attributes[field_name] = value
         spec: dict[str, Any] = {
             "user": user.name,
             "groups": list(user.groups),
@@ -634,14 +696,16 @@ def status(
     return response
 
 
-def _forbidden(user: str, resource: str, namespace: str, name: str) -> aiohttp.web.Response:
-    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+def _forbidden(user: str, ask: Access) -> aiohttp.web.Response:
+    """The API server's wording for a refused request."""
+    where = f'in the namespace "{ask.namespace}"' if ask.namespace else "at the cluster scope"
+    named = f' "{ask.name}"' if ask.name else ""
     return status(
         403,
         "Forbidden",
-        f'{resource}.{GROUP} "{name}" is forbidden: User "{user}" cannot get resource '
-        f'"{resource}/pendingworkloads" in API group "{GROUP}" {where}',
-        details={"name": name, "group": GROUP, "kind": resource},
+        f'{ask.resource}.{ask.group}{named} is forbidden: User "{user}" cannot {ask.verb}'
+        f' resource "{ask.resource_path}" in API group "{ask.group}" {where}',
+        details={"name": ask.name, "group": ask.group, "kind": ask.resource},
     )
 
 
