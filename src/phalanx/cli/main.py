@@ -14,6 +14,7 @@ from phalanx import __version__
 from phalanx.cli import (
     bench_cmd,
     crds_cmd,
+    dashboard_cmd,
     demo_cmd,
     devcluster_cmd,
     list_cmd,
@@ -33,6 +34,7 @@ _COMMANDS = (
     demo_cmd,
     validate_cmd,
     list_cmd,
+    dashboard_cmd,
     report_cmd,
     store_cmd,
     simulate_cmd,
