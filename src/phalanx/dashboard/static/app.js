@@ -245,7 +245,9 @@ function connect() {
     window.phalanxUpdates.push(performance.now());
     status.textContent = "live, updated " + new Date().toLocaleTimeString();
     status.className = "live";
-    renderSections(Object.keys(changed).filter((k) => k in RENDERERS));
+    const keys = Object.keys(changed).filter((k) => k in RENDERERS);
+    if ("notice" in changed && !keys.includes("pending")) keys.push("pending");
+    renderSections(keys);
     if (tab() === "workload") renderWorkload(true);
   });
   source.onerror = () => { status.textContent = "reconnecting"; status.className = "down"; };
