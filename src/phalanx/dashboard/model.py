@@ -305,6 +305,8 @@ def cluster_queue_rows(objects: Objects) -> list[dict[str, Any]]:
                 "reserving": int(status.get("reservingWorkloads") or 0),
                 "stop": _stop(cq),
                 "active": active is not None and active.get("status") == "True",
+                # Fair sharing: the share of its quota it uses, weighted (Kueue's status).
+                "weightedShare": (status.get("fairSharing") or {}).get("weightedShare"),
                 "why": "" if active is None else str(active.get("message") or ""),
             }
         )
@@ -325,9 +327,17 @@ def local_queue_rows(objects: Objects, can_read: Callable[[str], bool]) -> list[
                 "pending": int(status.get("pendingWorkloads") or 0),
                 "admitted": int(status.get("admittedWorkloads") or 0),
                 "stop": _stop(lq),
+                # Admission fair sharing: its decayed usage, as the operator last wrote it.
+                "consumed": _consumed(lq),
             }
         )
     return out
+
+
+def _consumed(lq: Obj) -> str:
+    fair = ((lq.get("status") or {}).get("fairSharing") or {}).get("admissionFairSharingStatus")
+    resources = (fair or {}).get("consumedResources") or {}
+    return ", ".join(f"{name}={value}" for name, value in sorted(resources.items()))
 
 
 # -- workloads ---------------------------------------------------------------------------------

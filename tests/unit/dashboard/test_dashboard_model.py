@@ -231,12 +231,27 @@ def test_view_hides_cluster_sections_and_other_namespaces() -> None:
     assert view["counts"]["pending"] == 1 and view["clusterQueues"][0]["name"] == "a"
 
 
-def test_stop_policy_is_shown() -> None:
+def test_stop_policy_and_fair_sharing_are_shown() -> None:
     objects = Objects()
     objects.cluster_queues["a"] = cq("a", gpus=1)
     objects.cluster_queues["a"]["spec"]["stopPolicy"] = "HoldAndDrain"
+    objects.cluster_queues["a"]["status"]["fairSharing"] = {"weightedShare": 250}
+    objects.local_queues["x/lq"] = {
+        "metadata": {"namespace": "x", "name": "lq"},
+        "spec": {"clusterQueue": "a", "stopPolicy": "Hold"},
+        "status": {
+            "fairSharing": {
+                "admissionFairSharingStatus": {
+                    "consumedResources": {"nvidia.com/gpu": "12", "cpu": "3"}
+                }
+            }
+        },
+    }
     view = build_view(objects, positions={}, can_read=EVERYONE, cluster_scoped=True)
     assert view["clusterQueues"][0]["stop"] == "HoldAndDrain"
+    assert view["clusterQueues"][0]["weightedShare"] == 250
+    assert view["localQueues"][0]["stop"] == "Hold"
+    assert view["localQueues"][0]["consumed"] == "cpu=3, nvidia.com/gpu=12"
 
 
 def test_diff_sends_only_changed_sections() -> None:

@@ -68,10 +68,11 @@ function cohorts() {
 function clusterQueues() {
   if (state.clusterQueues === null) return `<p class="muted">Not shown: you may not list ClusterQueues.</p>`;
   return `<table><tr><th>ClusterQueue</th><th>cohort</th><th>pending</th><th>admitted</th>` +
-    `<th>state</th></tr>` + state.clusterQueues.map((q) =>
+    `<th>weighted share</th><th>state</th></tr>` + state.clusterQueues.map((q) =>
       `<tr data-cq="${esc(q.name)}"><td>${esc(q.name)}</td><td>${esc(q.cohort)}</td>` +
       `<td class="num" data-field="pending">${q.pending}</td>` +
       `<td class="num" data-field="admitted">${q.admitted}</td>` +
+      `<td class="num">${q.weightedShare ?? ""}</td>` +
       `<td>${q.stop ? `<span class="stopped">stopped (${esc(q.stop)})</span>` :
         q.active ? "active" : `<span class="stopped">inactive</span> ${esc(q.why)}`}</td></tr>`
     ).join("") + `</table>`;
@@ -80,11 +81,13 @@ function clusterQueues() {
 function localQueues() {
   if (!state.localQueues.length) return `<p class="muted">No LocalQueues you may read.</p>`;
   return `<table><tr><th>namespace</th><th>LocalQueue</th><th>ClusterQueue</th>` +
-    `<th>pending</th><th>admitted</th><th>state</th></tr>` + state.localQueues.map((q) =>
+    `<th>pending</th><th>admitted</th><th>decayed usage</th><th>state</th></tr>` +
+    state.localQueues.map((q) =>
       `<tr data-lq="${esc(q.namespace + "/" + q.name)}"><td>${esc(q.namespace)}</td>` +
       `<td>${esc(q.name)}</td><td>${esc(q.clusterQueue)}</td>` +
       `<td class="num" data-field="pending">${q.pending}</td>` +
       `<td class="num" data-field="admitted">${q.admitted}</td>` +
+      `<td>${esc(q.consumed)}</td>` +
       `<td>${q.stop ? `<span class="stopped">stopped (${esc(q.stop)})</span>` : "active"}</td></tr>`
     ).join("") + `</table>`;
 }
