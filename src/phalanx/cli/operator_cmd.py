@@ -141,6 +141,26 @@ def register(subparsers: Any) -> None:
         help="address of the visibility API server (0.0.0.0)",
     )
     parser.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=0,
+        help="port of the read-only web dashboard (bearer tokens reviewed by the API server; "
+        "docs/dashboard.md); 0: off (off)",
+    )
+    parser.add_argument(
+        "--dashboard-listen",
+        metavar="ADDRESS",
+        default="127.0.0.1",
+        help="address of the dashboard (127.0.0.1: reach it with kubectl port-forward; "
+        "another address needs --dashboard-cert-dir)",
+    )
+    parser.add_argument(
+        "--dashboard-cert-dir",
+        type=Path,
+        default=None,
+        help="serve the dashboard over HTTPS with tls.crt and tls.key from this folder",
+    )
+    parser.add_argument(
         "--health-probe-port",
         "--liveness-port",
         dest="liveness_port",
@@ -363,7 +383,43 @@ def run(args: argparse.Namespace) -> int:
             else {}
         ),
     )
-    return run_operator(config)
+    sidecars = []
+    if args.dashboard_port:
+        sidecar = dashboard_sidecar(args)
+        if sidecar is None:
+            return 2
+        sidecars.append(sidecar)
+    return run_operator(config, sidecars=sidecars)
+
+
+def dashboard_sidecar(args: argparse.Namespace) -> Any:
+    """``--dashboard-port``: the dashboard started on the operator's API client (every
+    replica serves it: it reads the API server, not the leader's memory)."""
+    from phalanx.cli.dashboard_cmd import tls_context
+    from phalanx.dashboard.server import start_dashboard
+
+    if not 0 < args.dashboard_port < 65536:
+        print(f"error: --dashboard-port {args.dashboard_port}: must be 1-65535", file=sys.stderr)
+        return None
+    try:
+        context = tls_context(args.dashboard_cert_dir, "--dashboard-cert-dir")
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+    if context is None and args.dashboard_listen not in ("127.0.0.1", "::1", "localhost"):
+        print(
+            f"error: --dashboard-listen {args.dashboard_listen}: bearer tokens must not travel "
+            "plain; keep 127.0.0.1 (kubectl port-forward reaches it) or give --dashboard-cert-dir",
+            file=sys.stderr,
+        )
+        return None
+
+    async def start(api: Any) -> Any:
+        return await start_dashboard(
+            api, listen=args.dashboard_listen, port=args.dashboard_port, ssl_context=context
+        )
+
+    return start
 
 
 def _admission_fair_sharing(

@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import kopf
@@ -25,7 +26,7 @@ import kopf
 from phalanx.operator import webhook_policy
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
-from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator
+from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator, Sidecar
 from phalanx.operator.webhooks import register_webhooks, webhook_server
 
 __all__ = ["build_registry", "build_settings", "run", "tune_gc"]
@@ -122,14 +123,16 @@ def build_registry(op: PhalanxOperator) -> kopf.OperatorRegistry:
     return registry
 
 
-def run(config: OperatorConfig) -> int:
-    """Run the operator until SIGINT/SIGTERM (exit code 0) or a fatal error (1)."""
+def run(config: OperatorConfig, *, sidecars: Sequence[Sidecar] = ()) -> int:
+    """Run the operator until SIGINT/SIGTERM (exit code 0) or a fatal error (1);
+    ``sidecars`` start with it (the dashboard, which the CLI wires in)."""
     tune_gc()
     _quiet_kopf()
     op = PhalanxOperator(
         config,
         test_hooks=os.environ.get(TEST_HOOKS_ENV) == "1",
         hard_exit_after=_HARD_EXIT_AFTER,
+        sidecars=sidecars,
     )
     registry = build_registry(op)
     settings = build_settings(config, conversion=op.conversion)

@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from phalanx.operator import kubeconfig
@@ -191,6 +191,11 @@ class Heartbeat:
         return since if since is not None and since > self.stall_seconds else None
 
 
+Sidecar = Callable[[KubeApi], Awaitable[Callable[[], Awaitable[None]]]]
+"""A server started with the operator on its API client (the dashboard): called once the
+client exists, it returns the coroutine function that stops it."""
+
+
 class PhalanxOperator:
     def __init__(
         self,
@@ -198,8 +203,11 @@ class PhalanxOperator:
         *,
         test_hooks: bool = False,
         hard_exit_after: float | None = None,
+        sidecars: Sequence[Sidecar] = (),
     ) -> None:
         self.config = config
+        self.sidecars = list(sidecars)
+        self._sidecar_stops: list[Callable[[], Awaitable[None]]] = []
         self.auth = kubeconfig.load(config.kubeconfig, context=config.context)
         self.state = ClusterState()
         self.metrics = Metrics()
@@ -316,6 +324,8 @@ class PhalanxOperator:
         )
         for name, upkeep in await self.endpoints.start():
             self.spawn(upkeep, name=name)
+        for sidecar in self.sidecars:
+            self._sidecar_stops.append(await sidecar(self.api))
         # -- leader election: scheduling components write through a fence that refuses any
         # write once this replica's tenure is over (checked when each request is sent).
         write_api: KubeApi = self.api
@@ -603,6 +613,9 @@ class PhalanxOperator:
         if self.endpoints is not None:
             with contextlib.suppress(Exception):
                 await self.endpoints.stop()
+        for stop in self._sidecar_stops:
+            with contextlib.suppress(Exception):
+                await stop()
         if self.visibility is not None:
             with contextlib.suppress(Exception):
                 await self.visibility.stop()

@@ -76,7 +76,7 @@ def _run_operator(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Any:
     import phalanx.operator.app as app
 
     seen: list[Any] = []
-    monkeypatch.setattr(app, "run", lambda config: seen.append(config) or 0)
+    monkeypatch.setattr(app, "run", lambda config, sidecars=(): seen.append(config) or 0)
     assert main(["operator", *argv]) == 0
     (config,) = seen
     return config

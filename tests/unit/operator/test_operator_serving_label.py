@@ -230,6 +230,7 @@ def _operator(label: ServingLabel) -> Any:
     op.elector = None
     op.endpoints = None
     op.visibility = None
+    op._sidecar_stops = []
     op.api = None
     op.fatal = None
     return op
