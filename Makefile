@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORE := src/phalanx/quotas src/phalanx/placement src/phalanx/admission src/phalanx/api
-STRICT := $(CORE) src/phalanx/bench src/phalanx/store
+STRICT := $(CORE) src/phalanx/bench src/phalanx/store src/phalanx/dashboard
 STAMP := $(VENV)/.installed
 
 .PHONY: test faults faults-scale demo lint typecheck contracts unit integration crds venv clean
