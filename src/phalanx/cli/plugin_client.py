@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from phalanx.cli import kube_access
 from phalanx.operator.kube import ApiError, KubeApi, Resource
 
 KUEUE = "kueue.x-k8s.io"
@@ -32,8 +33,7 @@ class PluginError(Exception):
 def add_connection_flags(parser: argparse.ArgumentParser, *, namespaced: bool) -> None:
     if namespaced:
         parser.add_argument("-n", "--namespace", help="the namespace (the context's by default)")
-    parser.add_argument("--kubeconfig", help="the kubeconfig file (as kubectl finds it by default)")
-    parser.add_argument("--context", help="the kubeconfig context to use")
+    kube_access.add_connection_args(parser)
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -51,12 +51,8 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
 
 def run_with_api(args: argparse.Namespace, body: Callable[[KubeApi, str], Awaitable[int]]) -> int:
     """Load credentials as kubectl does, run ``body(api, namespace)``, print its errors."""
-    from phalanx.operator import kubeconfig
-
-    try:
-        auth = kubeconfig.load(args.kubeconfig, context=args.context)
-    except (kubeconfig.KubeconfigError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    auth = kube_access.connect(args)
+    if auth is None:
         return 2
     namespace = getattr(args, "namespace", None) or auth.default_namespace
 
