@@ -27,6 +27,7 @@ from phalanx.admission.model import (
     Workload,
 )
 from phalanx.admission.scheduler import Scheduler
+from phalanx.bench.tracker import percentile
 from phalanx.quotas.resources import ResourceQuota
 
 __all__ = ["InsightBench", "LatencyStats", "run_insight_bench"]
@@ -45,14 +46,15 @@ class LatencyStats:
 
     @classmethod
     def of(cls, seconds: list[float]) -> LatencyStats:
-        ordered = sorted(seconds)
-        if not ordered:
+        """Nearest-rank percentiles (``tracker.percentile``, as the e2e bench reports)."""
+        if not seconds:
             return cls(0, 0.0, 0.0, 0.0)
-
-        def at(q: float) -> float:
-            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-        return cls(len(ordered), at(0.5), at(0.99), ordered[-1] * 1000)
+        return cls(
+            len(seconds),
+            percentile(seconds, 50) * 1000,
+            percentile(seconds, 99) * 1000,
+            max(seconds) * 1000,
+        )
 
 
 @dataclass(frozen=True, slots=True)
