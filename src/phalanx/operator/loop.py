@@ -163,8 +163,10 @@ class SchedulingLoop:
     async def run(self) -> None:
         if self._wait_synced is not None:
             await self._wait_synced()
-        await self.fair_usage.prefetch(now_ms())
-        await self.budgets.prefetch(now_ms())
+        # Both read the store once, each bounded: side by side, the first cycle waits for
+        # the slower of the two, not their sum.
+        now = now_ms()
+        await asyncio.gather(self.fair_usage.prefetch(now), self.budgets.prefetch(now))
         first = self._sync()
         logger.info(
             "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
