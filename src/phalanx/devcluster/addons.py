@@ -1,4 +1,6 @@
-"""Optional controllers beside the local control plane: the real JobSet controller.
+"""Optional controllers beside the local control plane: the real controllers of the kinds
+Phalanx integrates (JobSet, ...). Each is an :class:`Addon`: its pinned Go module, how it is
+started (:attr:`Addon.arguments`) and the webhook configurations it needs (:attr:`Addon.webhooks`).
 
 Started only when asked (``phalanx devcluster up --with jobset``, or a test fixture calling
 :func:`ensure`). Like KWOK, the controller is built from its pinned Go module
@@ -7,7 +9,7 @@ its own cache folder, whose name carries the version and a hash of that go.mod/g
 or bumping an addon never invalidates the Kubernetes binaries. The build also copies the
 module's CRDs (``config/components/crd/bases``) from the Go module cache beside the binary.
 
-JobSet's manager serves its own admission webhooks (defaulting and validation of JobSets, and
+JobSet: its manager serves its own admission webhooks (defaulting and validation of JobSets, and
 the exclusive-placement pod webhooks) and in a cluster rotates their certificate itself
 (``internalCertManagement``), which needs a Service and a Secret. Beside the cluster there is
 neither, so its configuration turns internal cert management off and serves the webhooks on
@@ -54,6 +56,19 @@ class AddonError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Launch:
+    """What an addon's start-up knows when it builds the controller's arguments."""
+
+    layout: Layout
+    folder: Path
+    """The addon's own folder under the state dir (for config files)."""
+    cert_dir: Path
+    """``tls.crt``/``tls.key``: the devcluster's serving certificate (for 127.0.0.1)."""
+    health_port: int
+    webhook_port: int
+
+
+@dataclass(frozen=True)
 class Addon:
     name: str
     module: str
@@ -62,21 +77,18 @@ class Addon:
     binary: str
     crd_dir: str
     """Folder of the module holding the CRDs to install."""
+    arguments: Callable[[Launch], list[str]]
+    """The controller's arguments after ``--kubeconfig`` (writes any config file it names
+    into ``Launch.folder``)."""
+    webhooks: Callable[[int, bytes], list[dict[str, Any]]] | None = None
+    """The webhook configurations to register once it is ready, from its webhook port and
+    the CA bundle (None: it serves none)."""
+    health_path: str = "/readyz"
 
     @property
     def gomod_dir(self) -> str:
         return f"devcluster/{self.name}"
 
-
-JOBSET = Addon(
-    name="jobset",
-    module="sigs.k8s.io/jobset",
-    version="v0.10.1",
-    package="sigs.k8s.io/jobset",
-    binary="jobset-controller",
-    crd_dir="config/components/crd/bases",
-)
-ADDONS = {JOBSET.name: JOBSET}
 
 _JOBSET_WEBHOOK_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
@@ -243,7 +255,7 @@ def _save(runtime: AddonRuntime) -> None:
 def healthy(runtime: AddonRuntime | None) -> tuple[bool, str]:
     if runtime is None or runtime.process is None or not processes.is_running(runtime.process):
         return False, "not running"
-    return Endpoint(f"http://127.0.0.1:{runtime.health_port}").probe("/readyz")
+    return Endpoint(f"http://127.0.0.1:{runtime.health_port}").probe(runtime.addon.health_path)
 
 
 def running(layout: Layout) -> list[AddonRuntime]:
@@ -268,7 +280,7 @@ def stop_all(layout: Layout) -> list[str]:
     return stubborn
 
 
-def _jobset_config(runtime: AddonRuntime, cert_dir: Path) -> dict[str, Any]:
+def _jobset_config(launch: Launch) -> dict[str, Any]:
     return {
         "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
         "kind": "Configuration",
@@ -276,10 +288,26 @@ def _jobset_config(runtime: AddonRuntime, cert_dir: Path) -> dict[str, Any]:
         # No Service or Secret beside the cluster: the webhooks are served on loopback with
         # the devcluster's serving certificate instead of a rotated one.
         "internalCertManagement": {"enable": False},
-        "webhook": {"host": "127.0.0.1", "port": runtime.webhook_port, "certDir": str(cert_dir)},
+        "webhook": {
+            "host": "127.0.0.1",
+            "port": launch.webhook_port,
+            "certDir": str(launch.cert_dir),
+        },
         "metrics": {"bindAddress": "0"},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{runtime.health_port}"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
     }
+
+
+def _jobset_arguments(launch: Launch) -> list[str]:
+    config = launch.folder / "config.yaml"
+    config.write_text(yaml.safe_dump(_jobset_config(launch), sort_keys=False))
+    return [
+        f"--config={config}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{launch.health_port}",
+        "--zap-devel=false",
+        "--zap-log-level=info",
+    ]
 
 
 def jobset_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
@@ -392,16 +420,11 @@ def ensure_started(
     shutil.copyfile(serving.cert, cert_dir / "tls.crt")
     shutil.copyfile(serving.key, cert_dir / "tls.key")
     (cert_dir / "tls.key").chmod(0o600)
-    config = folder / "config.yaml"
-    config.write_text(yaml.safe_dump(_jobset_config(runtime, cert_dir), sort_keys=False))
+    launch = Launch(layout, folder, cert_dir, health_port, webhook_port)
     argv = [
         str(cache.binary_dir / addon.binary),
         f"--kubeconfig={layout.admin_kubeconfig}",
-        f"--config={config}",
-        "--metrics-bind-address=0",
-        f"--health-probe-bind-address=127.0.0.1:{health_port}",
-        "--zap-devel=false",
-        "--zap-log-level=info",
+        *addon.arguments(launch),
     ]
     record = processes.start(addon.name, argv, log_path=runtime.log, cwd=folder)
     runtime = AddonRuntime(addon, folder, health_port, webhook_port, record)
@@ -423,22 +446,36 @@ def ensure_started(
             f"{addon.name} not ready after {timeout:.0f}s ({detail}); its log {runtime.log} "
             "ends with:\n" + processes.log_tail(runtime.log, lines=40)
         )
-    hooks = jobset_webhooks(port=webhook_port, ca_bundle=(layout.pki_dir / "ca.crt").read_bytes())
-    _kubectl(
-        bin_dir,
-        layout,
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        "-",
-        input=yaml.safe_dump_all(hooks, sort_keys=False),
-    )
+    if addon.webhooks is not None:
+        hooks = addon.webhooks(webhook_port, (layout.pki_dir / "ca.crt").read_bytes())
+        _kubectl(
+            bin_dir,
+            layout,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(hooks, sort_keys=False),
+        )
     progress(
         f"{addon.name} controller ready in {time.monotonic() - started:.1f}s "
         f"(pid {record.pid}, webhooks on 127.0.0.1:{webhook_port}, log {runtime.log})"
     )
     return runtime
+
+
+JOBSET = Addon(
+    name="jobset",
+    module="sigs.k8s.io/jobset",
+    version="v0.10.1",
+    package="sigs.k8s.io/jobset",
+    binary="jobset-controller",
+    crd_dir="config/components/crd/bases",
+    arguments=_jobset_arguments,
+    webhooks=lambda port, ca: jobset_webhooks(port=port, ca_bundle=ca),
+)
+ADDONS = {addon.name: addon for addon in (JOBSET,)}
 
 
 def _files(paths: Iterable[Path]) -> list[str]:

@@ -29,6 +29,8 @@ __all__ = [
     "Finish",
     "FlavorInjection",
     "Integration",
+    "OwnedKind",
+    "PriorityResolution",
     "disabled_message",
     "finish_from_conditions",
     "injections",
@@ -75,6 +77,14 @@ class FlavorInjection:
     labels: Mapping[str, str] = field(default_factory=dict)
     """From admission checks' ``podSetUpdates`` (as are the annotations)."""
     annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PriorityResolution:
+    """A Workload's priority and the class it came from (None: the default)."""
+
+    value: int
+    ref: dict[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,33 @@ class Integration(Protocol):
 
     def finished(self, obj: Mapping[str, Any]) -> Finish | None:
         """The object's end, once it has one."""
+
+
+class OwnedKind(Integration, Protocol):
+    """A kind with its own CRD and controller (JobSet, ...), run by the generic controller of
+    ``phalanx.operator.kindsync``: what it needs beyond :class:`Integration`."""
+
+    plural: str
+    """The resource's plural name (``jobsets``); its group and version are ``api_version``'s."""
+    pod_owner_label: str
+    """The label the kind's controller puts on every pod it makes, naming the object (in the
+    same namespace): an evicted object's quota is released only once none of them is left."""
+
+    def needs_workload(self, obj: Mapping[str, Any]) -> bool:
+        """A queued object without a Workload gets one unless it is being deleted or ended."""
+
+    def pods_ready(self, obj: Mapping[str, Any]) -> bool:
+        """Kueue's PodsReady for the object, from its own status."""
+
+    def resolve_priority(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        workload_priority_classes: Mapping[str, int],
+        priority_classes: Mapping[str, int],
+    ) -> PriorityResolution:
+        """The Workload's priority: its WorkloadPriorityClass
+        label first, else its pods' PriorityClass."""
 
 
 def kueue_workload_name(*, prefix: str, kind: str, group: str, name: str, uid: str) -> str:

@@ -10,8 +10,7 @@ rules are unit-tested without a cluster; ``phalanx.operator.jobsync`` applies th
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from phalanx.operator import integration
@@ -19,6 +18,7 @@ from phalanx.operator.integration import (
     SUSPEND_PATCH,
     Finish,
     FlavorInjection,
+    PriorityResolution,
     finish_from_conditions,
 )
 
@@ -46,6 +46,7 @@ __all__ = [
     "pods_ready",
     "queue_name",
     "resolve_priority",
+    "resolve_priority_of_templates",
     "restore_patch",
     "start_time_clearable",
     "topology_request",
@@ -124,12 +125,6 @@ class WorkloadPriorityClassNotFound(LookupError):
         self.name = name
 
 
-@dataclass(frozen=True)
-class PriorityResolution:
-    value: int
-    ref: dict[str, str] | None
-
-
 def resolve_priority(
     job: Mapping[str, Any],
     *,
@@ -162,6 +157,36 @@ def resolve_priority(
             ref={"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": pc},
         )
     return PriorityResolution(value=default_priority, ref=None)
+
+
+def resolve_priority_of_templates(
+    obj: Mapping[str, Any],
+    templates: Iterable[Mapping[str, Any]],
+    *,
+    workload_priority_classes: Mapping[str, int],
+    priority_classes: Mapping[str, int],
+) -> PriorityResolution:
+    """:func:`resolve_priority` for a kind with several pod templates (JobSet, PyTorchJob,
+    ...): its WorkloadPriorityClass label first, else the PriorityClass of the first template
+    that names one (Kueue reads the pod sets in order)."""
+    pod_class = next(
+        (
+            str(pc)
+            for template in templates
+            if (pc := (template.get("spec") or {}).get("priorityClassName"))
+        ),
+        None,
+    )
+    # The Job rule reads spec.template.spec.priorityClassName: give it the chosen one.
+    probe = {
+        "metadata": obj.get("metadata") or {},
+        "spec": {"template": {"spec": {"priorityClassName": pod_class} if pod_class else {}}},
+    }
+    return resolve_priority(
+        probe,
+        workload_priority_classes=workload_priority_classes,
+        priority_classes=priority_classes,
+    )
 
 
 def _pod_count(spec: Mapping[str, Any]) -> int:

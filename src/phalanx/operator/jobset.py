@@ -9,7 +9,7 @@ copies those templates onto its child Jobs when it resumes them. Eviction sets
 ``spec.suspend: true`` (the JobSet controller suspends its Jobs, whose pods are deleted) and
 puts back the templates the Workload recorded. The JobSet's ``Completed`` or ``Failed``
 condition finishes the Workload. :data:`JOBSET` is the adapter;
-``phalanx.operator.jobsetsync`` applies it.
+``phalanx.operator.kindsync`` applies it.
 """
 
 from __future__ import annotations
@@ -128,21 +128,9 @@ def resolve_priority(
 ) -> jobs.PriorityResolution:
     """The WorkloadPriorityClass label first, else the PriorityClass of the first replicated
     job whose pod template names one (Kueue reads the pod sets in order)."""
-    pod_class = next(
-        (
-            str(pc)
-            for rjob in _replicated_jobs(obj)
-            if (pc := (_pod_template(rjob).get("spec") or {}).get("priorityClassName"))
-        ),
-        None,
-    )
-    # The Job rule reads spec.template.spec.priorityClassName: give it the chosen one.
-    probe = {
-        "metadata": obj.get("metadata") or {},
-        "spec": {"template": {"spec": {"priorityClassName": pod_class} if pod_class else {}}},
-    }
-    return jobs.resolve_priority(
-        probe,
+    return jobs.resolve_priority_of_templates(
+        obj,
+        (_pod_template(rjob) for rjob in _replicated_jobs(obj)),
         workload_priority_classes=workload_priority_classes,
         priority_classes=priority_classes,
     )
@@ -273,6 +261,27 @@ class JobSetIntegration:
     framework = FRAMEWORK
     api_version = API_VERSION
     kind = KIND
+    plural = "jobsets"
+    pod_owner_label = JOBSET_NAME_LABEL
+
+    def needs_workload(self, obj: Mapping[str, Any]) -> bool:
+        return needs_workload(obj)
+
+    def pods_ready(self, obj: Mapping[str, Any]) -> bool:
+        return pods_ready(obj)
+
+    def resolve_priority(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        workload_priority_classes: Mapping[str, int],
+        priority_classes: Mapping[str, int],
+    ) -> jobs.PriorityResolution:
+        return resolve_priority(
+            obj,
+            workload_priority_classes=workload_priority_classes,
+            priority_classes=priority_classes,
+        )
 
     def queue_name(self, obj: Mapping[str, Any]) -> str | None:
         return jobs.queue_name(obj)

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from phalanx.admission.decisions import Admit, CycleResult, EvictionReason, PendingReason
@@ -41,8 +41,8 @@ from phalanx.operator.decision_status import (
     eviction_done_status,
 )
 from phalanx.operator.finalizers import ResourceInUseFinalizers
-from phalanx.operator.jobsetsync import JobSetController
 from phalanx.operator.jobsync import JobController
+from phalanx.operator.kindsync import KindController
 from phalanx.operator.kube import KubeApi
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.oracle import TopologyOracle
@@ -81,7 +81,7 @@ class SchedulingLoop:
         jobs: JobController | None,
         metrics: Metrics,
         pod_groups: PodGroupController | None = None,
-        jobsets: JobSetController | None = None,
+        kinds: Sequence[KindController] = (),
         config: OperatorConfig,
         validator: Callable[[dict[str, Any]], list[str]] | None = None,
         wait_synced: Callable[[], Any] | None = None,
@@ -91,7 +91,7 @@ class SchedulingLoop:
         self.writer = writer
         self.jobs = jobs
         self.pod_groups = pod_groups
-        self.jobsets = jobsets
+        self.kinds = tuple(kinds)
         self.metrics = metrics
         self.config = config
         self.oracle = TopologyOracle(balanced_placement=config.tas_balanced_placement)
@@ -457,7 +457,7 @@ class SchedulingLoop:
                 continue
             if self.pod_groups is not None and not self.pod_groups.stopped(workload):
                 continue
-            if self.jobsets is not None and not self.jobsets.stopped(workload):
+            if not all(kind.stopped(workload) for kind in self.kinds):
                 continue
             eviction.released_at = now
             if eviction.backoff:  # read here, between cycles, not from the write task

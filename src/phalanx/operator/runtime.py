@@ -33,14 +33,12 @@ from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.informer import Informer
-from phalanx.operator.jobset import FRAMEWORK as FRAMEWORK_JOBSET
-from phalanx.operator.jobset import JOBSET_NAME_LABEL
-from phalanx.operator.jobsetsync import JobSetController
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.keyed import KeyedQueue
+from phalanx.operator.kinds import OWNED_KINDS
+from phalanx.operator.kindsync import KindController
 from phalanx.operator.kube import (
     JOBS,
-    JOBSETS,
     NODES,
     PODS,
     WORKLOADS,
@@ -368,17 +366,21 @@ class PhalanxOperator:
             if self.config.manage_jobs
             else None
         )
-        self.jobsets = (
-            JobSetController(
-                write_api,
-                self.state,
-                self.writer,
-                self.metrics,
-                ready=self.synced_event,
-                enabled=FRAMEWORK_JOBSET in self.config.frameworks,
-            )
+        self.kinds = (
+            [
+                KindController(
+                    spec,
+                    write_api,
+                    self.state,
+                    self.writer,
+                    self.metrics,
+                    ready=self.synced_event,
+                    enabled=spec.rules.framework in self.config.frameworks,
+                )
+                for spec in OWNED_KINDS
+            ]
             if self.config.manage_jobs
-            else None
+            else []
         )
         self.ungate = GateRemover(write_api, self.state, self.metrics)
         self.provisioning = ProvisioningController(write_api, self.state, self.writer)
@@ -388,7 +390,7 @@ class PhalanxOperator:
             writer=self.writer,
             jobs=self.jobs,
             pod_groups=self.pod_groups,
-            jobsets=self.jobsets,
+            kinds=self.kinds,
             metrics=self.metrics,
             config=self.config,
             validator=self.validate_object,
@@ -430,7 +432,7 @@ class PhalanxOperator:
                 self.writer,
                 self.jobs,
                 self.pod_groups,
-                self.jobsets,
+                *self.kinds,
                 self.ungate,
                 self.queue_status,
                 self.loop,
@@ -445,17 +447,25 @@ class PhalanxOperator:
             self._start_informer(resource, kind, optional=True)
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
-        if FRAMEWORK_JOBSET in self.config.frameworks:
-            # JobSets are watched only with their integration enabled, as Kueue sets up only
-            # the enabled integrations' controllers: the manifests grant the JobSet rules with
-            # it (manifests/components/jobset), and without them every list would be refused.
-            # So a queued JobSet while the integration is disabled is not seen (no Event).
+        for spec in OWNED_KINDS:
+            if spec.rules.framework not in self.config.frameworks:
+                # Watched only with their integration enabled, as Kueue sets up only the
+                # enabled integrations' controllers: the manifests grant a kind's rules with
+                # it (manifests/components/<kind>), and without them every list would be
+                # refused. So a queued object of a disabled kind is not seen (no Event).
+                continue
             self._start_informer(
-                JOBSETS, "JobSet", label_selector="kueue.x-k8s.io/queue-name", optional=True
+                spec.resource,
+                spec.state_kind,
+                label_selector="kueue.x-k8s.io/queue-name",
+                optional=True,
             )
-            # The JobSets' child Jobs: an evicted JobSet's quota is released only once each
-            # of them is suspended with no active pod (the JobSet's own status may be stale).
-            self._start_informer(JOBS, "JobSetJob", label_selector=JOBSET_NAME_LABEL)
+            if spec.child is not None:
+                self._start_informer(
+                    spec.child.resource,
+                    spec.child.state_kind,
+                    label_selector=spec.child.owner_label,
+                )
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
         if self.conversion is not None:

@@ -1,4 +1,4 @@
-"""Admission webhooks: suspend queued Jobs and JobSets at creation; validate the Kueue kinds.
+"""Admission webhooks: hold queued Jobs, Pods and integrated kinds at creation; validate.
 
 Served by kopf's webhook server over TLS. kopf also keeps the Mutating- and
 ValidatingWebhookConfiguration (``settings.admission.managed``) pointing at this process. The
@@ -8,17 +8,19 @@ webhooks are stateless, so every replica can serve them.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp.web
 import kopf
 
-from phalanx.operator import jobs, jobset, pods
+from phalanx.operator import jobs, pods
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import WebhookConfig
-from phalanx.operator.job_validation import validate_job, validate_jobset
+from phalanx.operator.job_validation import validate_job
+from phalanx.operator.kinds import OWNED_KINDS
+from phalanx.operator.kindsync import KindSpec
 
 __all__ = [
     "KUEUE_KINDS",
@@ -140,8 +142,9 @@ def register_webhooks(
         _register_job_webhooks(registry, persistent=persistent)
     if "pod" in frameworks:
         _register_pod_webhook(registry, persistent=persistent)
-    if jobset.FRAMEWORK in frameworks:
-        _register_jobset_webhooks(registry, persistent=persistent)
+    for spec in OWNED_KINDS:
+        if spec.rules.framework in frameworks:
+            _register_kind_webhooks(registry, spec, persistent=persistent)
     for plural, kind in KUEUE_KINDS:
         _register_validation(
             registry, plural=plural, kind=kind, validator=validator, persistent=persistent
@@ -207,36 +210,57 @@ def _register_job_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool)
             raise kopf.AdmissionError(f"Job {name!r} is invalid: " + "; ".join(errors), code=422)
 
 
-def _register_jobset_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool) -> None:
-    @kopf.on.mutate(
-        jobset.GROUP,
-        "v1alpha2",
-        "jobsets",
-        id="suspend-queued-jobsets",
-        operations=["CREATE"],
-        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
-        persistent=persistent,
-        registry=registry,
-    )
-    async def suspend_jobset(patch: kopf.Patch, **_: Any) -> None:
-        # Kueue's rule: a queued JobSet is created suspended; admission unsuspends it.
-        patch.setdefault("spec", {})["suspend"] = True
+def _register_kind_webhooks(
+    registry: kopf.OperatorRegistry, spec: KindSpec, *, persistent: bool
+) -> None:
+    """A kind's webhooks for queued objects: hold at creation (Kueue's rule: a queued object
+    is created suspended; admission starts it) and validate."""
+    group, _, version = spec.rules.api_version.rpartition("/")
+    plural, kind = spec.rules.plural, spec.rules.kind
+    hold = spec.hold_at_creation
+    if hold is not None:
 
-    @kopf.on.validate(
-        jobset.GROUP,
-        "v1alpha2",
-        "jobsets",
-        id="validate-queued-jobsets",
-        operations=["CREATE", "UPDATE"],
-        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
-        persistent=persistent,
-        registry=registry,
-    )
-    async def validate_queued_jobset(body: kopf.Body, **kwargs: Any) -> None:
-        errors = validate_jobset(body, old=kwargs.get("old"))
-        if errors:
-            name = body.get("metadata", {}).get("name", "")
-            raise kopf.AdmissionError(f"JobSet {name!r} is invalid: " + "; ".join(errors), code=422)
+        @kopf.on.mutate(
+            group,
+            version,
+            plural,
+            id=f"suspend-queued-{plural}",
+            operations=["CREATE"],
+            labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+            persistent=persistent,
+            registry=registry,
+        )
+        async def hold_object(patch: kopf.Patch, **_: Any) -> None:
+            _merge(patch, hold)
+
+    validate = spec.validate
+    if validate is not None:
+
+        @kopf.on.validate(
+            group,
+            version,
+            plural,
+            id=f"validate-queued-{plural}",
+            operations=["CREATE", "UPDATE"],
+            labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+            persistent=persistent,
+            registry=registry,
+        )
+        async def validate_queued(body: kopf.Body, **kwargs: Any) -> None:
+            errors = validate(body, kwargs.get("old"))
+            if errors:
+                name = body.get("metadata", {}).get("name", "")
+                raise kopf.AdmissionError(
+                    f"{kind} {name!r} is invalid: " + "; ".join(errors), code=422
+                )
+
+
+def _merge(patch: dict[str, Any], fields: Mapping[str, Any]) -> None:
+    for key, value in fields.items():
+        if isinstance(value, Mapping):
+            _merge(patch.setdefault(key, {}), value)
+        else:
+            patch[key] = value
 
 
 def _register_validation(

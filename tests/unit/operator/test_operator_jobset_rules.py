@@ -17,7 +17,8 @@ from test_operator_jobsync_flow import ScriptedApi
 from phalanx.operator import integration, jobs
 from phalanx.operator import jobset as js
 from phalanx.operator.job_validation import validate_jobset
-from phalanx.operator.jobsetsync import JobSetController
+from phalanx.operator.kinds import by_framework
+from phalanx.operator.kindsync import KindController
 from phalanx.operator.kube import JOBSETS
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
@@ -305,7 +306,8 @@ class Harness:
         self.state = ClusterState()
         writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
         writer.apply_status = self._apply_status  # type: ignore[method-assign]
-        self.ctl = JobSetController(
+        self.ctl = KindController(
+            by_framework()[js.FRAMEWORK],
             self.api,  # type: ignore[arg-type]
             self.state,
             writer,

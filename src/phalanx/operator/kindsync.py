@@ -1,45 +1,82 @@
-"""The JobSet controller (Kueue's ``jobset.x-k8s.io/jobset``): a Workload per queued JobSet,
-start on admission, suspend and restore on eviction, finish on its end. Rules in
-``phalanx.operator.jobset``.
+"""The controller of every kind with its own CRD and controller (JobSet, ...): a Workload per
+queued object, start on admission, hold and restore on eviction, finish on its end. Each kind's
+rules are an :class:`~phalanx.operator.integration.OwnedKind` (``phalanx.operator.jobset``, ...);
+:class:`KindSpec` adds what this controller watches beside the object.
 
-Like the Job controller it reconciles one JobSet at a time from the cached state (a change to
-the JobSet, its Workload or one of its pods queues it), performs at most one write per pass and
-lets the write's echo bring it back. The JobSet controller (``sigs.k8s.io/jobset``) does the
-rest: it creates the child Jobs suspended while the JobSet is, copies the injected templates
-onto them when it resumes them, and suspends them (their pods are deleted) when the JobSet is
-suspended again.
+Like the Job controller it reconciles one object at a time from the cached state (a change to
+the object, its Workload, one of its pods or one of its children queues it), performs at most
+one write per pass and lets the write's echo bring it back. The kind's own controller does the
+rest: it makes the pods (or children) while the object runs, copies the injected templates onto
+them, and deletes them when the object is held again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx.operator import conditions as cond
 from phalanx.operator import integration, jobs
-from phalanx.operator import jobset as rules
+from phalanx.operator.integration import OwnedKind
 from phalanx.operator.keyed import KeyedQueue
-from phalanx.operator.kube import JOBSETS, JSON_PATCH, WORKLOADS, ApiError, KubeApi
+from phalanx.operator.kube import JSON_PATCH, WORKLOADS, ApiError, KubeApi, Resource
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter
 
-__all__ = ["JobSetController"]
-
-_KIND = rules.KIND
+__all__ = ["ChildWatch", "KindController", "KindSpec"]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ChildWatch:
+    """Objects the kind's controller makes whose own state says whether they still run (a
+    JobSet's child Jobs): an evicted object's quota is released only once each is stopped."""
+
+    state_kind: str
+    """The name the operator's state keeps them under (``JobSetJob``)."""
+    resource: Resource
+    owner_label: str
+    """The label on each child naming its owner (in the same namespace)."""
+    stopped: Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One kind as the operator runs it: its rules, its webhooks and the children it watches."""
+
+    rules: OwnedKind
+    hold_at_creation: Mapping[str, Any] | None = None
+    """The merge patch the mutating webhook applies to a queued object at creation, so that
+    nothing of it runs before admission (``{"spec": {"suspend": True}}``)."""
+    validate: Callable[[Mapping[str, Any], Mapping[str, Any] | None], list[str]] | None = None
+    """The validating webhook's check of a queued object (``old`` on an update): one message
+    per problem, each starting with its field path."""
+    child: ChildWatch | None = None
+
+    @property
+    def resource(self) -> Resource:
+        group, _, version = self.rules.api_version.rpartition("/")
+        return Resource(group, version, self.rules.plural)
+
+    @property
+    def state_kind(self) -> str:
+        return self.rules.kind
+
+
 class RetryLater(Exception):
-    """A write failed (logged where it failed); the JobSet is tried again later."""
+    """A write failed (logged where it failed); the object is tried again later."""
 
 
-class JobSetController:
+class KindController:
     def __init__(
         self,
+        spec: KindSpec,
         api: KubeApi,
         state: ClusterState,
         writer: StatusWriter,
@@ -48,9 +85,12 @@ class JobSetController:
         ready: asyncio.Event | None = None,
         enabled: bool = True,
     ) -> None:
+        self.spec = spec
         self.api = api
-        self.integration = rules.JOBSET
-        # Disabled (``integrations.frameworks`` without it): a queued JobSet is left alone,
+        self.integration = spec.rules
+        self.kind = spec.state_kind
+        self.resource = spec.resource
+        # Disabled (``integrations.frameworks`` without it): a queued object is left alone,
         # with an Event saying so.
         self.enabled = enabled
         self.state = state
@@ -60,14 +100,14 @@ class JobSetController:
         if ready is None:
             self.ready.set()
         self.work = KeyedQueue(
-            "jobsets",
+            spec.rules.plural,
             lambda key: self.reconcile(key),
-            log_as="jobset",
+            log_as=self.kind.lower(),
             ready=self.ready,
             expected=(RetryLater, *TRANSIENT_ERRORS),
         )
-        self._pods_of: dict[str, set[str]] = {}  # jobset key -> keys of its live pods
-        self._jobset_of_pod: dict[str, str] = {}
+        self._pods_of: dict[str, set[str]] = {}  # object key -> keys of its live pods
+        self._owner_of_pod: dict[str, str] = {}
         self._refused: dict[str, tuple[str, str]] = {}  # key -> (reason, resourceVersion)
         self._waiting_for_class: dict[str, set[str]] = {}
         state.subscribe(self._on_change)
@@ -81,23 +121,24 @@ class JobSetController:
     # -- change routing -------------------------------------------------------------------------
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
-        if kind == _KIND:
+        if kind == self.kind:
             if obj is None:
                 self.work.forget(key)
                 self._refused.pop(key, None)
             self.work.add(key)
         elif kind == "Workload" and obj is not None:
-            owner = _owner_key(obj)
+            owner = self._owner_key(obj)
             if owner is not None:
                 self.work.add(owner)
         elif kind == "Pod":
             self._track_pod(key, obj)
+
         elif kind == "WorkloadPriorityClass" and obj is not None:
             for waiting in sorted(self._waiting_for_class.pop(key, ())):
                 self.work.add(waiting)
 
     def _track_pod(self, key: str, obj: dict[str, Any] | None) -> None:
-        old = self._jobset_of_pod.pop(key, None)
+        old = self._owner_of_pod.pop(key, None)
         if old is not None:
             pods = self._pods_of.get(old)
             if pods is not None:
@@ -105,65 +146,68 @@ class JobSetController:
                 if not pods:
                     del self._pods_of[old]
                     self.work.add(old)
-        if obj is None:
-            return
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        name = labels.get(rules.JOBSET_NAME_LABEL)
-        if name:
-            owner = f"{obj['metadata']['namespace']}/{name}"
-            self._jobset_of_pod[key] = owner
+        owner = self._labelled_owner(key, obj, self.integration.pod_owner_label)
+        if owner is not None:
+            self._owner_of_pod[key] = owner
             self._pods_of.setdefault(owner, set()).add(key)
+
+    @staticmethod
+    def _labelled_owner(key: str, obj: dict[str, Any] | None, label: str) -> str | None:
+        """The key of the object a pod or child names by ``label`` (the same namespace)."""
+        if obj is None:
+            return None
+        name = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+        return f"{key.partition('/')[0]}/{name}" if name else None
 
     # -- what the scheduling loop asks ----------------------------------------------------------
 
     def stopped(self, workload: dict[str, Any]) -> bool:
-        """An evicted Workload's JobSet is suspended, each of its child Jobs is suspended with
-        the Job controller's ``Suspended`` condition and no active pod (or has ended), and
-        none of its pods is left (or the JobSet is gone). A Workload no JobSet owns is not
-        this controller's.
+        """An evicted Workload's object is held, none of its pods is left and each of its
+        children says it is stopped (or the object is gone). A Workload no object of this
+        kind owns is not this controller's.
 
-        The JobSet's own ``Suspended`` condition is not enough: evicted right after it was
-        started, it may still carry the one from before the start while its Jobs create
-        pods. A child Job's condition is written by the Job controller in the same status
-        update as its pods' count, so it cannot say suspended while pods it made run."""
-        key = _owner_key(workload)
+        The object's own status is not enough: evicted right after it was started, a JobSet
+        may still carry the ``Suspended`` condition from before the start while its Jobs
+        create pods. A child Job's condition is written by the Job controller in the same
+        status update as its pods' count, so it cannot say suspended while pods it made run."""
+        key = self._owner_key(workload)
         if key is None:
             return True
-        obj = self.state.get(_KIND, key)
+        obj = self.state.get(self.kind, key)
         if obj is None:
             return True
         if not self.integration.suspended(obj) or self._pods_of.get(key):
             return False
-        return all(rules.child_job_stopped(job) for job in self._children(key))
+        child = self.spec.child
+        return child is None or all(child.stopped(c) for c in self._children(child, key))
 
-    def _children(self, key: str) -> list[dict[str, Any]]:
+    def _children(self, child: ChildWatch, key: str) -> list[dict[str, Any]]:
         namespace, _, name = key.partition("/")
         return [
-            job
-            for job in self.state.objects["JobSetJob"].values()
-            if (job.get("metadata") or {}).get("namespace") == namespace
-            and ((job.get("metadata") or {}).get("labels") or {}).get(rules.JOBSET_NAME_LABEL)
-            == name
+            obj
+            for obj in self.state.objects[child.state_kind].values()
+            if (obj.get("metadata") or {}).get("namespace") == namespace
+            and ((obj.get("metadata") or {}).get("labels") or {}).get(child.owner_label) == name
         ]
 
     # -- reconcile ------------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> None:
-        obj = self.state.get(_KIND, key)
+        obj = self.state.get(self.kind, key)
         if obj is None or self.integration.queue_name(obj) is None:
             return
         if not self.enabled:
             await self._refuse(
                 obj,
                 "IntegrationNotEnabled",
-                integration.disabled_message(framework=rules.FRAMEWORK, kind=_KIND),
+                integration.disabled_message(framework=self.integration.framework, kind=self.kind),
                 warning=False,
             )
             return
         wl_key = f"{obj['metadata']['namespace']}/{self.integration.workload_name(obj)}"
         workload = self.state.get("Workload", wl_key)
         if workload is None:
-            if rules.needs_workload(obj):
+            if self.integration.needs_workload(obj):
                 await self._create_workload(key, obj)
             return
         status = workload.get("status") or {}
@@ -187,19 +231,19 @@ class JobSetController:
         # Evicted or not admitted: held, with the templates it was created with.
         if not suspended:
             if await self._patch(obj, self.integration.suspend_patch(obj), "suspend"):
-                logger.info("event=jobset_suspended jobset=%s", key)
+                logger.info("event=%s_suspended key=%s", self.kind.lower(), key)
         elif self.integration.injected(obj):
             pod_sets = (workload.get("spec") or {}).get("podSets") or []
             patch = self.integration.restore_patch(obj, pod_sets=pod_sets)
             if await self._patch(obj, patch, "restore"):
-                logger.info("event=jobset_restored jobset=%s", key)
+                logger.info("event=%s_restored key=%s", self.kind.lower(), key)
 
     async def _create_workload(self, key: str, obj: dict[str, Any]) -> None:
         if not self.integration.suspended(obj):
             # Created while the webhook was unavailable: hold it before anything runs.
             await self._patch(obj, self.integration.suspend_patch(obj), "suspend")
         try:
-            priority = rules.resolve_priority(
+            priority = self.integration.resolve_priority(
                 obj,
                 workload_priority_classes={
                     n: int(o.get("value", 0))
@@ -221,8 +265,8 @@ class JobSetController:
             self._waiting_for_class.setdefault(missing.name, set()).add(key)
             await self._refuse(obj, "WorkloadPriorityClassNotFound", str(missing))
             return
-        except rules.InvalidJobSet as invalid:
-            await self._refuse(obj, "InvalidJobSet", str(invalid))
+        except ValueError as invalid:  # the rules' own error, naming the field and the fix
+            await self._refuse(obj, f"Invalid{self.kind}", str(invalid))
             return
         namespace = obj["metadata"]["namespace"]
         try:
@@ -233,7 +277,9 @@ class JobSetController:
             if error.status == 403 and "being terminated" in str(error):
                 return
             self.metrics.api_write("Workload", "create", ok=False)
-            logger.warning("event=workload_create_failed jobset=%s error=%r", key, str(error))
+            logger.warning(
+                "event=workload_create_failed kind=%s key=%s error=%r", self.kind, key, str(error)
+            )
             await self.writer.event(
                 obj, reason="CreatedWorkloadFailed", message=str(error), warning=True
             )
@@ -241,7 +287,8 @@ class JobSetController:
         self.metrics.api_write("Workload", "create", ok=True)
         self.state.apply("Workload", "ADDED", created)
         logger.info(
-            "event=workload_created jobset=%s workload=%s pod_sets=%d",
+            "event=workload_created kind=%s key=%s workload=%s pod_sets=%d",
+            self.kind,
             key,
             body["metadata"]["name"],
             len(body["spec"]["podSets"]),
@@ -250,14 +297,20 @@ class JobSetController:
     async def _refuse(
         self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = True
     ) -> None:
-        """Say why the JobSet gets no Workload, once per JobSet version."""
+        """Say why the object gets no Workload, once per version of it."""
         metadata = obj["metadata"]
         key = f"{metadata['namespace']}/{metadata['name']}"
         seen = (reason, str(metadata.get("resourceVersion", "")))
         if self._refused.get(key) == seen:
             return
         self._refused[key] = seen
-        logger.warning("event=jobset_refused jobset=%s reason=%s message=%r", key, reason, message)
+        logger.warning(
+            "event=workload_refused kind=%s key=%s reason=%s message=%r",
+            self.kind,
+            key,
+            reason,
+            message,
+        )
         await self.writer.event(obj, reason=reason, message=message, warning=warning)
 
     async def _start(self, obj: dict[str, Any], workload: dict[str, Any]) -> None:
@@ -267,7 +320,8 @@ class JobSetController:
         )
         if patch and await self._patch(obj, patch, "start"):
             logger.info(
-                "event=jobset_started jobset=%s/%s pod_sets=%d",
+                "event=%s_started key=%s/%s pod_sets=%d",
+                self.kind.lower(),
                 obj["metadata"]["namespace"],
                 obj["metadata"]["name"],
                 len(injections),
@@ -284,38 +338,41 @@ class JobSetController:
 
     async def _sync_pods_ready(self, wl_key: str, obj: dict[str, Any]) -> None:
         workload = self.state.get("Workload", wl_key) or {}
-        await self.writer.pods_ready(wl_key, workload, ready=rules.pods_ready(obj))
+        await self.writer.pods_ready(wl_key, workload, ready=self.integration.pods_ready(obj))
 
     async def _patch(self, obj: dict[str, Any], patch: list[dict[str, Any]], verb: str) -> bool:
         metadata = obj["metadata"]
         try:
             updated = await self.api.patch(
-                JOBSETS,
+                self.resource,
                 metadata["name"],
                 patch,
                 namespace=metadata["namespace"],
                 content_type=JSON_PATCH,
             )
         except ApiError as error:
-            self.metrics.api_write(_KIND, verb, ok=False)
+            self.metrics.api_write(self.kind, verb, ok=False)
             if error.not_found:
                 return False
             logger.warning(
-                "event=jobset_patch_failed jobset=%s/%s verb=%s error=%r",
+                "event=patch_failed kind=%s key=%s/%s verb=%s error=%r",
+                self.kind,
                 metadata["namespace"],
                 metadata["name"],
                 verb,
                 str(error),
             )
             raise RetryLater(str(error)) from error
-        self.metrics.api_write(_KIND, verb, ok=True)
-        self.state.apply(_KIND, "MODIFIED", updated)
+        self.metrics.api_write(self.kind, verb, ok=True)
+        self.state.apply(self.kind, "MODIFIED", updated)
         return True
 
-
-def _owner_key(workload: dict[str, Any]) -> str | None:
-    metadata = workload.get("metadata") or {}
-    for owner in metadata.get("ownerReferences") or ():
-        if owner.get("kind") == _KIND and owner.get("apiVersion") == rules.API_VERSION:
-            return f"{metadata.get('namespace')}/{owner.get('name')}"
-    return None
+    def _owner_key(self, workload: dict[str, Any]) -> str | None:
+        metadata = workload.get("metadata") or {}
+        for owner in metadata.get("ownerReferences") or ():
+            if (
+                owner.get("kind") == self.kind
+                and owner.get("apiVersion") == self.integration.api_version
+            ):
+                return f"{metadata.get('namespace')}/{owner.get('name')}"
+        return None

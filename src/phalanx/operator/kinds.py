@@ -1,0 +1,34 @@
+"""Every kind with its own CRD and controller that the operator integrates, as the generic
+controller (``phalanx.operator.kindsync``) runs it. Adding a kind is its rules module (an
+:class:`~phalanx.operator.integration.OwnedKind`), one entry here (with how its webhooks hold
+and check it), its name in ``configfile.FRAMEWORKS``, its name in ``state.KINDS`` and its RBAC
+component in ``manifests/components``."""
+
+from __future__ import annotations
+
+from phalanx.operator import jobset
+from phalanx.operator.job_validation import validate_jobset
+from phalanx.operator.kindsync import ChildWatch, KindSpec
+from phalanx.operator.kube import JOBS
+
+__all__ = ["OWNED_KINDS", "by_framework"]
+
+OWNED_KINDS: tuple[KindSpec, ...] = (
+    KindSpec(
+        jobset.JOBSET,
+        hold_at_creation={"spec": {"suspend": True}},
+        validate=lambda obj, old: validate_jobset(obj, old=old),
+        # The JobSet's own status may be stale: its child Jobs say whether pods still run.
+        child=ChildWatch(
+            state_kind="JobSetJob",
+            resource=JOBS,
+            owner_label=jobset.JOBSET_NAME_LABEL,
+            stopped=jobset.child_job_stopped,
+        ),
+    ),
+)
+
+
+def by_framework() -> dict[str, KindSpec]:
+    """The kinds by their ``integrations.frameworks`` name."""
+    return {spec.rules.framework: spec for spec in OWNED_KINDS}
