@@ -48,7 +48,7 @@ from phalanx.bench.proc import (
     scrape,
     start_operator,
 )
-from phalanx.bench.result import E2EResult, e2e_problems, write_counts
+from phalanx.bench.result import E2EResult, e2e_problems, store_cpu, write_counts
 from phalanx.bench.setup import SELECTOR, ScenarioObjects
 from phalanx.bench.tracker import Track, WorkloadTracker
 from phalanx.operator import kubeconfig
@@ -382,6 +382,7 @@ class _Run:
             else writes / admissions,
             api_writes_by_verb=by_verb,
             operator_cpu_s=operator_cpu,
+            store_cpu_s=store_cpu(before, after),
             cycles=cycles,
             bench_cpu_s=bench_cpu,
             control_plane_cpu_s=plane,

@@ -52,6 +52,9 @@ class E2EResult:
     api_writes_per_admission: float | None
     api_writes_by_verb: dict[str, int]
     operator_cpu_s: float | None
+    store_cpu_s: float | None
+    """Of ``operator_cpu_s``, what the usage history store cost (its own CPU metric); None
+    when the operator ran without a store or was not scraped."""
     cycles: int | None
     bench_cpu_s: float
     control_plane_cpu_s: dict[str, float]
@@ -142,6 +145,12 @@ class E2EResult:
             "operator_cpu_s": None
             if self.operator_cpu_s is None
             else round(self.operator_cpu_s, 2),
+            "store_cpu_s": None if self.store_cpu_s is None else round(self.store_cpu_s, 2),
+            "store_cpu_share": (
+                None
+                if self.store_cpu_s is None or not self.operator_cpu_s
+                else round(self.store_cpu_s / self.operator_cpu_s, 4)
+            ),
             "cycles": self.cycles,
             "bench_cpu_s": round(self.bench_cpu_s, 2),
             "control_plane_cpu_s": {
@@ -170,6 +179,16 @@ def e2e_problems(result: E2EResult) -> list[str]:
     if per is not None and per > WRITES_PER_ADMISSION:
         problems.append(f"{per:.2f} API writes per admission > {WRITES_PER_ADMISSION}")
     return problems
+
+
+def store_cpu(before: str | None, after: str | None) -> float | None:
+    """The store's CPU seconds between two scrapes; None if it did not run (no metric)."""
+    if before is None or after is None or _STORE_CPU not in after:
+        return None
+    return metric_sum(after, _STORE_CPU) - metric_sum(before, _STORE_CPU)
+
+
+_STORE_CPU = "phalanx_store_cpu_seconds_total"
 
 
 def write_counts(

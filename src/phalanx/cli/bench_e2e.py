@@ -52,6 +52,9 @@ report fields (--json keys; the text report shows the same figures):
                         the ideal schedule
   api_writes, api_writes_per_admission, api_writes_by_verb, operator_cpu_s, cycles
                         from the operator's /metrics and /proc, over the run
+  store_cpu_s, store_cpu_share
+                        of operator_cpu_s, what the usage history store cost (its
+                        phalanx_store_cpu_seconds; null when the operator ran without one)
   invariant_problems    quota or admission invariants broken during the run, and leaks
   checks.{pass,problems}
                         Kueue's rangespec thresholds and Phalanx's own, as above
@@ -201,6 +204,11 @@ def _print_human(r: dict[str, Any], problems: list[str]) -> None:
         f"  operator: {r['api_writes']} API writes ({r['api_writes_per_admission']} per"
         f" admission), CPU {r['operator_cpu_s']} s, {r['cycles']} cycles"
     )
+    if r["store_cpu_s"] is not None:
+        print(
+            f"  usage history store: CPU {r['store_cpu_s']} s"
+            f" ({100 * (r['store_cpu_share'] or 0):.1f}% of the operator's)"
+        )
     print(f"  writes by kind/verb: {r['api_writes_by_verb']}")
     print(f"  control plane CPU {r['control_plane_cpu_s']}, bench CPU {r['bench_cpu_s']} s")
     print("  workload classes (avg time to admission from the scheduled creation):")

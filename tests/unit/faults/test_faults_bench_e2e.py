@@ -15,7 +15,7 @@ from phalanx.bench.objects import (
     plan,
     workload_object,
 )
-from phalanx.bench.result import E2EResult, e2e_problems, write_counts
+from phalanx.bench.result import E2EResult, e2e_problems, store_cpu, write_counts
 from phalanx.bench.tracker import Track, WorkloadTracker, percentile
 from phalanx.cli.bench_scenario import load_scenario
 
@@ -211,6 +211,7 @@ def _result(**overrides: object) -> E2EResult:
         "api_writes_per_admission": 3.0,
         "api_writes_by_verb": {},
         "operator_cpu_s": 1.0,
+        "store_cpu_s": 0.25,
         "cycles": 5,
         "bench_cpu_s": 0.1,
         "control_plane_cpu_s": {},
@@ -248,3 +249,12 @@ def test_e2e_problems_hold_phalanx_to_its_own_targets() -> None:
     bench = _result().as_bench_result()
     assert bench.virtual_wall_ms == 1900 and bench.core_cpu_s == 1.0
     assert _result().to_json()["wall_over_ideal"] == 1.9
+
+
+def test_store_cpu_is_the_delta_of_its_counter_and_none_without_a_store() -> None:
+    before = "# TYPE phalanx_store_cpu_seconds counter\nphalanx_store_cpu_seconds_total 1.5\n"
+    after = "# TYPE phalanx_store_cpu_seconds counter\nphalanx_store_cpu_seconds_total 4.0\n"
+    assert store_cpu(before, after) == 2.5
+    assert store_cpu(METRICS_BEFORE, METRICS_AFTER) is None  # an operator without a store
+    assert store_cpu(None, after) is None
+    assert _result(store_cpu_s=0.25).to_json()["store_cpu_share"] == 0.25

@@ -286,6 +286,7 @@ def test_report_shows_the_new_figures(capsys: pytest.CaptureFixture[str]) -> Non
         api_writes_per_admission=3.0,
         api_writes_by_verb={},
         operator_cpu_s=1.0,
+        store_cpu_s=None,
         cycles=5,
         bench_cpu_s=0.1,
         control_plane_cpu_s={},

@@ -4,6 +4,7 @@ an outage without counting anything twice."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -148,3 +149,27 @@ def test_a_new_leader_fills_in_what_happened_while_none_wrote(store_url: str) ->
     stored = _stored(store_url)
     assert ("done", "finished") in stored and ("gone", "deleted") in stored
     assert len(stored) == 6
+
+
+def test_the_store_cpu_counter_counts_the_stores_work_and_nothing_else(store_url: str) -> None:
+    """``phalanx_store_cpu_seconds`` is what bench e2e reports as the store's share of the
+    operator's CPU: it must grow with the store's work (deriving, writing) and must not take in
+    other work on the event loop (a counter of the process's CPU time would)."""
+    spun = 0.0
+
+    async def script(state: ClusterState, recorder: HistoryRecorder) -> None:
+        nonlocal spun
+        for n in range(50):
+            state.apply("Workload", None, _reserved(f"w{n}", 2))
+        await _until(lambda: recorder.backlog == 0 and recorder.written_total._value.get() == 100)
+        started = time.thread_time()
+        while time.thread_time() - started < 0.5:  # the scheduler's work, say
+            pass
+        spun = time.thread_time() - started
+
+    process_before = time.process_time()
+    recorder = _run(store_url, script)
+    process = time.process_time() - process_before
+    counted = recorder.cpu_total._value.get()
+    assert counted > 0
+    assert counted <= process - spun
