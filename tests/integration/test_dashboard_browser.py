@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
+from incluster_support import host_address
 from operator_fixtures import *  # noqa: F403
 from operator_fixtures import (
     RACK,
@@ -45,12 +46,14 @@ from operator_fixtures import (
     topology,
     wait_for,
 )
+from visibility_support import routed_visibility
 
 from phalanx.devcluster.handle import ClusterHandle
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
+VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
 POOL = "phx-dash"
 CQ = "phx-dash-cq"
 TOPOLOGY = "phx-dash-topology"
@@ -80,8 +83,11 @@ if _missing:
 def dashboard(
     cluster: ClusterHandle, kueue_crds: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """The operator serving the dashboard, and a pool of 2 racks x 4 nodes x 8 GPUs."""
+    """The operator serving the dashboard and the visibility API (routed through the API
+    server, where the dashboard reads positions), and a pool of 2 racks x 4 nodes x 8 GPUs."""
     port = free_port()
+    address = host_address()
+    visibility_port = free_port(address)
     workdir = tmp_path_factory.mktemp("operator")
     # Admission fair sharing on (for the ClusterQueues that ask for it), sampled often.
     config = workdir / "config.yaml"
@@ -103,11 +109,22 @@ def dashboard(
         f"--dashboard-port={port}",
         f"--store=sqlite:///{workdir}/store.db",
         f"--config={config}",
+        f"--visibility-port={visibility_port}",
+        f"--visibility-listen={address}",
     )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for("the dashboard answering", lambda: _status(url + "/") == 401, log=op.log_tail)
-        with node_pool(cluster, POOL, racks=2, hosts=4):
+        with (
+            routed_visibility(
+                cluster,
+                address=address,
+                port=visibility_port,
+                namespace="phx-dash-visibility",
+                log=op.log_tail,
+            ),
+            node_pool(cluster, POOL, racks=2, hosts=4),
+        ):
             apply(
                 cluster,
                 topology(TOPOLOGY),
@@ -256,10 +273,24 @@ def test_live_counts_topology_and_pending_reason(
         _poll("the big job pending", lambda: row.count() == 1)
         reason = _poll("its reason", lambda: row.first.locator("td.reason").inner_text().strip())
         assert "rack" in reason or "topology" in reason or "nvidia.com/gpu" in reason, reason
+        # Its position is the visibility API's.
+        listed = json.loads(
+            cluster.kubectl_ok("get", "--raw", f"{VISIBILITY}/clusterqueues/{CQ}/pendingworkloads")
+        )["items"]
+        name = row.first.get_attribute("data-wl").split("/", 1)[1]
+        position = next(
+            str(i["positionInClusterQueue"]) for i in listed if i["metadata"]["name"] == name
+        )
+        _poll(
+            f"the position {position} on the page",
+            lambda: row.first.locator("td").first.inner_text() == position,
+        )
+        assert not page.locator("#pending p.muted").filter(has_text="positions").count()
         _shot(page, "dashboard-pending.png")
         row.first.locator("a.wl").click()
         page.wait_for_selector("#wl-reason")
         assert page.locator("#wl-state").inner_text() == "PENDING"
+        assert page.locator("tr", has_text="position").locator("td").inner_text() == position
         assert page.locator("#wl-reason").inner_text().strip() == reason
         assert "created" in page.locator(".timeline").inner_text()
         _shot(page, "dashboard-workload.png")
