@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from phalanx.operator.afs import consumed_from_status
 from phalanx.quotas.quantity import QuantityError, parse_quantity
 from phalanx.store import db, plot, report
@@ -185,20 +187,20 @@ class UsageReader:
 
     def _read(self, window: str, by: str) -> UsageData:
         assert self.url is not None
-        with self._lock:
-            if self._engine is None:
-                engine = db.open_engine(self.url, create=False)
-                if db.current_revision(engine) is None:
-                    engine.dispose()
-                    raise db.StoreError(
-                        f"store {self.url!r} is empty; the operator creates it (or run "
-                        "`phalanx store upgrade`)"
-                    )
-                self._engine = engine
-        now = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
         try:
+            with self._lock:
+                if self._engine is None:
+                    engine = db.open_engine(self.url, create=False)
+                    if db.current_revision(engine) is None:
+                        engine.dispose()
+                        raise db.StoreError(
+                            f"store {self.url!r} is empty; the operator creates it (or run "
+                            "`phalanx store upgrade`)"
+                        )
+                    self._engine = engine
+            now = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
             return read_usage(self._engine, window=window, by=by, now=now)
-        except Exception as error:
+        except SQLAlchemyError as error:  # unreachable, locked, a schema from another version
             raise db.StoreError(f"cannot read the store: {error}") from error
 
     def close(self) -> None:
