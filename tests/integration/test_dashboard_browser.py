@@ -1,8 +1,11 @@
 """The dashboard in a real headless Chromium against the local control plane, served by the
 operator (``--dashboard-port``): counts and the topology map change without a reload when
 Jobs are submitted; a pending Workload's page gives its reason; a user without rights on a
-namespace does not see its Workloads; a burst of Workloads keeps the page live (the figures
-are printed and written to the test's folder; ``PHALANX_DASHBOARD_BURST`` sets its size).
+namespace does not see its Workloads; the usage view shows a LocalQueue's GPU-hours from the
+operator's usage history store (its ``--store``) and its decayed usage under admission fair
+sharing, and a user sees only its own namespace's series; a burst of Workloads keeps the page
+live (the figures are printed and written to the test's folder; ``PHALANX_DASHBOARD_BURST``
+sets its size).
 
 Debian's ``chromium`` driven by Playwright (``executable_path=/usr/bin/chromium``; the
 ``dev`` extra installs playwright, ``.ci/run`` installs chromium). Without them the module is
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from incluster_support import host_address
 from operator_fixtures import *  # noqa: F403
 from operator_fixtures import (
     RACK,
@@ -41,12 +46,14 @@ from operator_fixtures import (
     topology,
     wait_for,
 )
+from visibility_support import routed_visibility
 
 from phalanx.devcluster.handle import ClusterHandle
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
+VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
 POOL = "phx-dash"
 CQ = "phx-dash-cq"
 TOPOLOGY = "phx-dash-topology"
@@ -76,15 +83,48 @@ if _missing:
 def dashboard(
     cluster: ClusterHandle, kueue_crds: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """The operator serving the dashboard, and a pool of 2 racks x 4 nodes x 8 GPUs."""
+    """The operator serving the dashboard and the visibility API (routed through the API
+    server, where the dashboard reads positions), and a pool of 2 racks x 4 nodes x 8 GPUs."""
     port = free_port()
+    address = host_address()
+    visibility_port = free_port(address)
+    workdir = tmp_path_factory.mktemp("operator")
+    # Admission fair sharing on (for the ClusterQueues that ask for it), sampled often.
+    config = workdir / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+                "kind": "Configuration",
+                "admissionFairSharing": {
+                    "usageHalfLifeTime": "1h",
+                    "usageSamplingInterval": "2s",
+                },
+            }
+        )
+    )
     op: OperatorProcess = start_operator(
-        cluster, tmp_path_factory.mktemp("operator"), f"--dashboard-port={port}"
+        cluster,
+        workdir,
+        f"--dashboard-port={port}",
+        f"--store=sqlite:///{workdir}/store.db",
+        f"--config={config}",
+        f"--visibility-port={visibility_port}",
+        f"--visibility-listen={address}",
     )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for("the dashboard answering", lambda: _status(url + "/") == 401, log=op.log_tail)
-        with node_pool(cluster, POOL, racks=2, hosts=4):
+        with (
+            routed_visibility(
+                cluster,
+                address=address,
+                port=visibility_port,
+                namespace="phx-dash-visibility",
+                log=op.log_tail,
+            ),
+            node_pool(cluster, POOL, racks=2, hosts=4),
+        ):
             apply(
                 cluster,
                 topology(TOPOLOGY),
@@ -233,10 +273,24 @@ def test_live_counts_topology_and_pending_reason(
         _poll("the big job pending", lambda: row.count() == 1)
         reason = _poll("its reason", lambda: row.first.locator("td.reason").inner_text().strip())
         assert "rack" in reason or "topology" in reason or "nvidia.com/gpu" in reason, reason
+        # Its position is the visibility API's.
+        listed = json.loads(
+            cluster.kubectl_ok("get", "--raw", f"{VISIBILITY}/clusterqueues/{CQ}/pendingworkloads")
+        )["items"]
+        name = row.first.get_attribute("data-wl").split("/", 1)[1]
+        position = next(
+            str(i["positionInClusterQueue"]) for i in listed if i["metadata"]["name"] == name
+        )
+        _poll(
+            f"the position {position} on the page",
+            lambda: row.first.locator("td").first.inner_text() == position,
+        )
+        assert not page.locator("#pending p.muted").filter(has_text="positions").count()
         _shot(page, "dashboard-pending.png")
         row.first.locator("a.wl").click()
         page.wait_for_selector("#wl-reason")
         assert page.locator("#wl-state").inner_text() == "PENDING"
+        assert page.locator("tr", has_text="position").locator("td").inner_text() == position
         assert page.locator("#wl-reason").inner_text().strip() == reason
         assert "created" in page.locator(".timeline").inner_text()
         _shot(page, "dashboard-workload.png")
@@ -304,6 +358,86 @@ def test_a_user_sees_only_the_namespaces_it_may_read(
             manager.stop()
     finally:
         cluster.kubectl("delete", "namespace", other, "--wait=false")
+
+
+def test_usage_over_time_and_fair_share_from_the_store(
+    cluster: ClusterHandle, dashboard: str, namespace: str
+) -> None:
+    """Jobs run in two namespaces' LocalQueues of a ClusterQueue with admission fair sharing:
+    the usage chart shows this namespace's LocalQueue non-zero (the store read again, the page
+    not reloaded) and the fair-share view its decayed usage; a user of the other namespace
+    sees only its own series."""
+    other = f"{namespace}-use"[:63]
+    afs = "phx-dash-afs"
+    cluster.kubectl("delete", "namespace", other, "--ignore-not-found", "--wait=true")
+    cluster.kubectl_ok("create", "namespace", other)
+    queue = cluster_queue(afs, flavor_name=POOL, gpus=8)
+    queue["spec"]["admissionScope"] = {"admissionMode": "UsageBasedAdmissionFairSharing"}
+    apply(cluster, queue)
+    admin = _token(
+        cluster, namespace, "dash-usage", _reader_role("phx-dash-reader", cluster_wide=True)
+    )
+    try:
+        for ns, gpus in ((namespace, 2), (other, 1)):
+            apply(cluster, local_queue("team", cluster_queue_name=afs), namespace=ns)
+            apply(cluster, gpu_job("used", queue="team", gpus=gpus), namespace=ns)
+        user = _token(cluster, other, "dash-user", _reader_role("dash-reader", cluster_wide=False))
+        manager, browser = _browser()
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{dashboard}/?token={admin}#usage")
+            page.wait_for_selector("#usage-refresh")
+            loads = page.evaluate("performance.getEntriesByType('navigation').length")
+            mine = page.locator(f'tr[data-usage-group="{namespace}/team"]')
+
+            def charted() -> bool:
+                if mine.count() and float(mine.get_attribute("data-total") or 0) > 0:
+                    return True
+                page.click("#usage-refresh")  # the store is read again once the cache expires
+                time.sleep(2)
+                return False
+
+            _poll("the LocalQueue's GPU-hours in the usage chart", charted, timeout=120)
+            assert page.locator("#usage-chart rect").count() >= 1
+            assert page.locator(f'tr[data-usage-group="{other}/team"]').count() == 1
+            # The fair-share view: the operator's sampled decayed usage, pushed live.
+            decayed = page.locator(f'tr[data-fair="{namespace}/team"] td:nth-child(4)')
+            _poll(
+                "its decayed usage in the fair-share view",
+                lambda: decayed.count() == 1 and float(decayed.inner_text()) > 0,
+                timeout=90,
+            )
+            assert page.locator(f'tr[data-fair="{other}/team"]').count() == 1
+            _shot(page, "dashboard-usage.png")
+            assert page.evaluate("performance.getEntriesByType('navigation').length") == loads
+
+            # The other namespace's user: its own series only, and no ClusterQueue series.
+            def usage_as_user(by: str) -> dict[str, Any]:
+                request = urllib.request.Request(f"{dashboard}/api/usage?window=24h&by={by}")
+                request.add_header("Authorization", f"Bearer {user}")
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return dict(json.loads(response.read()))
+
+            seen = _poll(
+                "the user's own series",
+                lambda: (u := usage_as_user("localqueue"))["series"] and u,
+                timeout=90,
+            )
+            assert [s["group"] for s in seen["series"]] == [f"{other}/team"]
+            assert [s["group"] for s in usage_as_user("namespace")["series"]] == [other]
+            assert usage_as_user("clusterqueue")["series"] == []
+            theirs = browser.new_page()
+            theirs.goto(f"{dashboard}/?token={user}#usage")
+            theirs.wait_for_selector(f'tr[data-usage-group="{other}/team"]')
+            assert theirs.locator(f'tr[data-usage-group^="{namespace}/"]').count() == 0
+            theirs.wait_for_selector(f'tr[data-fair="{other}/team"]')
+            assert theirs.locator(f'tr[data-fair^="{namespace}/"]').count() == 0
+        finally:
+            browser.close()
+            manager.stop()
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false")
+        cluster.kubectl("delete", "clusterqueue", afs, "--wait=false")
 
 
 def _workload(name: str, queue: str) -> dict[str, Any]:

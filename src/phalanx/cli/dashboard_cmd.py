@@ -34,6 +34,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="no token needed: show what the kubeconfig's identity can read (127.0.0.1 only)",
     )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        default=None,
+        help="the usage history store the operator writes (its --store: sqlite:///PATH or "
+        "postgresql://USER@HOST:PORT/DB), for the Usage view; without it the view says so",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (INFO)")
     parser.set_defaults(func=run)
 
@@ -62,6 +69,7 @@ def tls_context(folder: Path | None, flag: str) -> ssl.SSLContext | None:
 
 def run(args: argparse.Namespace) -> int:
     from phalanx.operator import kubeconfig
+    from phalanx.store import db
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -73,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         auth = kubeconfig.load(args.kubeconfig, context=args.context)
         context = tls_context(args.cert_dir, "--cert-dir")
-    except (kubeconfig.KubeconfigError, OSError, ValueError) as error:
+        if args.store:
+            db.open_engine(args.store, create=False).dispose()  # a bad URL fails here
+    except (kubeconfig.KubeconfigError, OSError, ValueError, db.StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
@@ -97,6 +107,7 @@ async def _serve(args: argparse.Namespace, auth: Any, context: ssl.SSLContext | 
             port=args.port,
             insecure_local=args.insecure_local,
             ssl_context=context,
+            store_url=args.store,
         )
         await server.start()
         scheme = "https" if context else "http"

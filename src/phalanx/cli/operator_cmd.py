@@ -416,7 +416,11 @@ def dashboard_sidecar(args: argparse.Namespace) -> Any:
 
     async def start(api: Any) -> Any:
         return await start_dashboard(
-            api, listen=args.dashboard_listen, port=args.dashboard_port, ssl_context=context
+            api,
+            listen=args.dashboard_listen,
+            port=args.dashboard_port,
+            ssl_context=context,
+            store_url=_store_url(args.store),
         )
 
     return start

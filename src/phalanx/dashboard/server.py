@@ -20,7 +20,7 @@ import html
 import importlib.resources
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +28,11 @@ import aiohttp.web
 
 from phalanx.dashboard.model import Filter, build_view, diff, namespaces_of, workload_detail
 from phalanx.dashboard.source import Source
+from phalanx.dashboard.usage import GPU, NO_STORE, UsageReader, fair_share, usage_view
 from phalanx.operator.kube import KubeApi, dumps
 from phalanx.operator.metrics_auth import AccessReviewer, Identity, ReviewFailed
 from phalanx.operator.serving import is_loopback
+from phalanx.store.db import StoreError
 
 __all__ = ["COOKIE", "DashboardServer", "Viewer", "start_dashboard"]
 
@@ -68,6 +70,7 @@ class DashboardServer:
         ssl_context: ssl.SSLContext | None = None,
         review_ttl: float = 30.0,
         interval: float = 1.0,
+        store_url: str | None = None,
     ) -> None:
         if insecure_local and not is_loopback(listen):
             raise ValueError(
@@ -85,6 +88,7 @@ class DashboardServer:
         self.ssl_context = ssl_context
         self.source = Source(api, interval=interval)
         self.reviewer = None if insecure_local else AccessReviewer(api, ttl=review_ttl)
+        self.usage = UsageReader(store_url)
         self._runner: aiohttp.web.AppRunner | None = None
         self._cache: dict[Any, dict[str, Any]] = {}
         self._cache_version = -1
@@ -98,6 +102,7 @@ class DashboardServer:
                 aiohttp.web.get("/", self._page),
                 aiohttp.web.get("/api/view", self._view),
                 aiohttp.web.get("/api/workloads/{namespace}/{name}", self._workload),
+                aiohttp.web.get("/api/usage", self._usage),
                 aiohttp.web.get("/events", self._events),
                 aiohttp.web.get("/static/{file}", self._static),
             ]
@@ -125,6 +130,7 @@ class DashboardServer:
             await self._runner.cleanup()
             self._runner = None
         await self.source.stop()
+        await asyncio.to_thread(self.usage.close)
 
     # -- who is asking ------------------------------------------------------------------------
 
@@ -135,8 +141,11 @@ class DashboardServer:
             return token.strip()
         return request.query.get("token") or request.cookies.get(COOKIE) or None
 
-    async def viewer(self, request: aiohttp.web.Request) -> Viewer:
-        """The caller's rights now; raises Unauthorized (401) or ReviewFailed (503)."""
+    async def viewer(
+        self, request: aiohttp.web.Request, *, namespaces: Iterable[str] = ()
+    ) -> Viewer:
+        """The caller's rights now, reviewed for the namespaces of the watched objects and
+        ``namespaces``; raises Unauthorized (401) or ReviewFailed (503)."""
         if self.reviewer is None:
             return Viewer("local", None, True)
         token = self._token(request)
@@ -145,9 +154,9 @@ class DashboardServer:
         identity = await self.reviewer.identify(token)
         if identity is None:
             raise Unauthorized("the API server did not accept the token")
-        return await self._rights(identity)
+        return await self._rights(identity, namespaces)
 
-    async def _rights(self, identity: Identity) -> Viewer:
+    async def _rights(self, identity: Identity, extra: Iterable[str] = ()) -> Viewer:
         assert self.reviewer is not None
         reviewer = self.reviewer
         cluster = await reviewer.allowed(
@@ -156,7 +165,7 @@ class DashboardServer:
         every = await reviewer.allowed(identity, verb="list", group=KUEUE, resource="workloads")
         if every:
             return Viewer(identity.username, None, cluster)
-        namespaces = sorted(namespaces_of(self.source.objects))
+        namespaces = sorted(namespaces_of(self.source.objects) | set(extra))
         verdicts = await asyncio.gather(
             *(
                 reviewer.allowed(
@@ -208,6 +217,12 @@ class DashboardServer:
                 where=where,
             )
             view["notice"] = self.source.positions_problem
+            view["fairShare"] = fair_share(
+                self.source.objects.cluster_queues,
+                self.source.objects.local_queues,
+                can_read=viewer.can_read,
+                cluster_scoped=viewer.cluster_scoped,
+            )
             self._cache[key] = view
         return view
 
@@ -260,6 +275,40 @@ class DashboardServer:
             return aiohttp.web.Response(
                 body=dumps(view), content_type="application/json", headers=_NO_STORE
             )
+
+        return await self._guarded(request, answer)
+
+    async def _usage(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        """Usage over time from the store: ``?window=24h|7d|30d&by=localqueue|namespace|
+        clusterqueue&resource=...``; what the caller may read of it."""
+        window = request.query.get("window", "24h")
+        by = request.query.get("by", "localqueue")
+        resource = request.query.get("resource", "")[:253] or GPU
+
+        async def answer(viewer: Viewer) -> aiohttp.web.StreamResponse:
+            if self.usage.url is None:
+                return await _json({"problem": NO_STORE, "store": False})
+            try:
+                data = await self.usage.read(window=window, by=by)
+            except ValueError as error:
+                return await _json({"error": str(error)}, status=400)
+            except StoreError as error:
+                logger.warning("event=dashboard_store_failed error=%r", str(error))
+                return await _json({"problem": str(error), "store": True})
+            if viewer.namespaces is not None and by != "clusterqueue":
+                # Namespaces with history but no objects left are reviewed too (cached).
+                held = {group.split("/", 1)[0] for group in data.held}
+                if held - viewer.namespaces:
+                    # On failure the first review's rights stand: fewer namespaces, never more.
+                    with contextlib.suppress(Unauthorized, ReviewFailed):
+                        viewer = await self.viewer(request, namespaces=held)
+            view = usage_view(
+                data,
+                resource=resource,
+                can_read=viewer.can_read,
+                cluster_scoped=viewer.cluster_scoped,
+            )
+            return await _json({**view, "store": True})
 
         return await self._guarded(request, answer)
 
@@ -332,6 +381,12 @@ class DashboardServer:
         )
 
 
+async def _json(body: Any, *, status: int = 200) -> aiohttp.web.StreamResponse:
+    return aiohttp.web.Response(
+        body=dumps(body), status=status, content_type="application/json", headers=_NO_STORE
+    )
+
+
 _STATIC = {"app.js": "application/javascript", "app.css": "text/css"}
 _NO_STORE = {"Cache-Control": "no-store"}
 
@@ -347,7 +402,7 @@ def page(viewer: Viewer, initial_json: str) -> str:
 </head><body>
 <header><h1>Phalanx</h1>
 <nav><a href="#overview">Overview</a> <a href="#pending">Pending</a>
-<a href="#topology">Topology</a></nav>
+<a href="#topology">Topology</a> <a href="#usage">Usage</a></nav>
 <span id="status">connecting</span>
 <span class="who">signed in as {html.escape(viewer.name)} - read-only</span></header>
 <main id="app"></main>
@@ -364,11 +419,17 @@ async def start_dashboard(
     port: int,
     insecure_local: bool = False,
     ssl_context: ssl.SSLContext | None = None,
+    store_url: str | None = None,
 ) -> Callable[[], Any]:
     """Start a dashboard on ``api``; returns the coroutine function that stops it (for the
-    operator's ``--dashboard-port``)."""
+    operator's ``--dashboard-port``; ``store_url`` is the operator's own ``--store``)."""
     server = DashboardServer(
-        api, listen=listen, port=port, insecure_local=insecure_local, ssl_context=ssl_context
+        api,
+        listen=listen,
+        port=port,
+        insecure_local=insecure_local,
+        ssl_context=ssl_context,
+        store_url=store_url,
     )
     await server.start()
 

@@ -49,9 +49,7 @@ def test_workstation_command_parses() -> None:
     assert (args.insecure_local, args.port, args.listen) == (True, 9000, "127.0.0.1")
 
 
-def test_workstation_insecure_off_loopback_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _kubeconfig(tmp_path: Path) -> Path:
     kubeconfig = tmp_path / "config"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
@@ -59,8 +57,34 @@ def test_workstation_insecure_off_loopback_is_refused(
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
+    return kubeconfig
+
+
+def test_workstation_insecure_off_loopback_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = _kubeconfig(tmp_path)
     args = build_parser().parse_args(
         ["dashboard", f"--kubeconfig={kubeconfig}", "--insecure-local", "--listen", "0.0.0.0"]
     )
     assert args.func(args) == 2
     assert "loopback only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mysql://db/x", "--store 'mysql://db/x': backend 'mysql' is not supported"),
+        ("sqlite:///{tmp}/none.db", "no such file; the operator creates it (--store)"),
+    ],
+)
+def test_workstation_store_that_cannot_be_opened_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, says: str
+) -> None:
+    store = url.format(tmp=tmp_path)
+    args = build_parser().parse_args(
+        ["dashboard", f"--kubeconfig={_kubeconfig(tmp_path)}", "--insecure-local", "--store", store]
+    )
+    assert args.func(args) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "none.db").exists(), "a reader leaves no empty store behind"

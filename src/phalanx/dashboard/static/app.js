@@ -8,6 +8,12 @@ const status = document.getElementById("status");
 let filter = { q: "", cq: "" };
 let source = null;
 let selectedGang = "";
+// The usage view is fetched (/api/usage), not pushed: the store is read at most every 30 s.
+let usage = null;
+const usageParams = { window: "24h", by: "localqueue", resource: "nvidia.com/gpu" };
+let usageTimer = null;
+const COLORS = ["#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#c62828", "#00838f", "#9e9d24",
+  "#4e342e", "#ad1457", "#37474f"];
 // For the browser test and the curious: when each update arrived (ms since navigation).
 window.phalanxUpdates = [];
 
@@ -148,6 +154,118 @@ function topology() {
       t.groups.map((g) => group(g, t.resource, 0)).join("") + `</div>`).join("");
 }
 
+// Hours and decayed usage span 0.0003 to 30,000: two significant digits below 1, two
+// decimals up to 100, whole numbers beyond.
+function num(v) {
+  const a = Math.abs(v);
+  if (!a) return "0";
+  return String(a >= 100 ? Math.round(v) : a >= 1 ? +v.toFixed(2) : +v.toPrecision(2));
+}
+
+function usageControls() {
+  const pick = (id, values, current, label) => `<label>${label} <select id="${id}">` +
+    values.map(([v, text]) => `<option value="${esc(v)}"${v === current ? " selected" : ""}>` +
+      `${esc(text)}</option>`).join("") + `</select></label>`;
+  const resources = (usage && usage.resources && usage.resources.length) ? usage.resources :
+    [usageParams.resource];
+  return `<div class="filters">` +
+    pick("usage-window", [["24h", "last 24 hours"], ["7d", "last 7 days"],
+      ["30d", "last 30 days"]], usageParams.window, "window") +
+    pick("usage-by", [["localqueue", "LocalQueue"], ["namespace", "namespace"],
+      ["clusterqueue", "ClusterQueue"]], usageParams.by, "per") +
+    pick("usage-resource", resources.map((r) => [r, r]), usageParams.resource, "resource") +
+    `<button id="usage-refresh" type="button">refresh</button></div>`;
+}
+
+function usageChart(u) {
+  const n = u.starts.length;
+  if (!n || !u.series.length) return "";
+  const W = 900, H = 220, left = 56, bottom = 22, top = 8;
+  const sums = u.starts.map((_, i) => u.series.reduce((a, s) => a + s.hours[i], 0));
+  const max = Math.max(...sums) || 1;
+  const band = (W - left) / n, bar = Math.max(1, band * 0.8);
+  const y = (v) => top + (H - top - bottom) * (1 - v / max);
+  let out = `<svg class="chart" id="usage-chart" viewBox="0 0 ${W} ${H}" role="img" ` +
+    `aria-label="${esc(u.resource)} hours per ${esc(u.width)}">`;
+  for (const f of [0, 0.5, 1]) {
+    out += `<line x1="${left}" x2="${W}" y1="${y(max * f)}" y2="${y(max * f)}" class="grid"/>` +
+      `<text x="${left - 4}" y="${y(max * f) + 4}" text-anchor="end">${num(max * f)}</text>`;
+  }
+  u.starts.forEach((start, i) => {
+    let base = 0;
+    const x = left + i * band + (band - bar) / 2;
+    u.series.forEach((s, k) => {
+      const v = s.hours[i];
+      if (v > 0) {
+        out += `<rect x="${x.toFixed(1)}" width="${bar.toFixed(1)}" y="${y(base + v).toFixed(1)}" ` +
+          `height="${(y(base) - y(base + v)).toFixed(1)}" fill="${COLORS[k % COLORS.length]}">` +
+          `<title>${esc(s.group)} ${esc(start)}: ${num(v)}</title></rect>`;
+      }
+      base += v;
+    });
+    const every = Math.ceil(n / 8);
+    if (i % every === 0) {
+      const d = new Date(start);
+      const label = u.width === "hour" ? d.toISOString().slice(11, 16) : d.toISOString().slice(5, 10);
+      out += `<text x="${(x + bar / 2).toFixed(1)}" y="${H - 6}" text-anchor="middle">${label}</text>`;
+    }
+  });
+  return out + `</svg>`;
+}
+
+function usageSection() {
+  const head = usageControls();
+  if (!usage) return head + `<p class="muted">loading…</p>`;
+  if (usage.error) return head + `<p class="stopped">${esc(usage.error)}</p>`;
+  if (usage.problem) return head + `<p class="muted" id="usage-problem">${esc(usage.problem)}</p>`;
+  if (usage.refused) return head + `<p class="muted">${esc(usage.refused)}</p>`;
+  const unit = usage.unit ? ` (${usage.unit})` : "";
+  const legend = usage.series.map((s, k) => `<tr data-usage-group="${esc(s.group)}" ` +
+    `data-total="${s.total}"><td><span class="swatch" style="background:` +
+    `${COLORS[k % COLORS.length]}"></span>${esc(s.group)}</td>` +
+    `<td class="num">${num(s.total)}</td></tr>`).join("");
+  return head + `<p class="muted">${esc(usage.resource)} hours${esc(unit)} per ${esc(usage.width)}` +
+    ` (UTC), from the usage history store, read ${esc(usage.until)}.</p>` +
+    (usage.series.length ? usageChart(usage) + `<table><tr><th>${esc(usage.by)}</th>` +
+      `<th>${esc(usage.resource)} hours in the window</th></tr>${legend}</table>` :
+      `<p class="muted">No usage in this window you may read.</p>`);
+}
+
+function fairShare() {
+  const resource = usageParams.resource;
+  if (!state.fairShare || !state.fairShare.length) {
+    return `<p class="muted">No ClusterQueue with admission fair sharing ` +
+      `(admissionScope.admissionMode: UsageBasedAdmissionFairSharing) has a LocalQueue you may read.</p>`;
+  }
+  return `<p class="muted">Decayed ${esc(resource)} usage of each LocalQueue (its status, as the ` +
+    `operator samples it) beside its fair share by weight.</p>` + state.fairShare.map((cq) => {
+    const rows = cq.queues.map((q) => {
+      const used = q.consumed[resource] ?? 0;
+      const share = q.share ? (q.share[resource] ?? 0) : null;
+      const bar = share === null ? "" : `<svg class="share" viewBox="0 0 200 14" width="200" height="14">` +
+        `<rect x="0" y="2" width="${(200 * Math.min(1, share)).toFixed(1)}" height="10" ` +
+        `class="${share > q.fair ? "over" : "under"}"/><line x1="${(200 * q.fair).toFixed(1)}" ` +
+        `x2="${(200 * q.fair).toFixed(1)}" y1="0" y2="14" class="fair"/></svg>`;
+      return `<tr data-fair="${esc(q.namespace + "/" + q.name)}"><td>${esc(q.namespace)}/` +
+        `${esc(q.name)}</td><td class="num">${q.weight}</td>` +
+        `<td class="num">${(100 * q.fair).toFixed(1)}%</td><td class="num">${num(used)}</td>` +
+        `<td class="num">${share === null ? "-" : (100 * share).toFixed(1) + "%"}</td><td>${bar}</td></tr>`;
+    }).join("");
+    const total = cq.total ? ` <span class="muted">decayed total ${num(cq.total[resource] ?? 0)}</span>` : "";
+    return `<h3>${esc(cq.clusterQueue)}${total}</h3><table><tr><th>LocalQueue</th>` +
+      `<th>weight</th><th>fair share</th><th>decayed usage</th><th>share of usage</th>` +
+      `<th></th></tr>${rows}</table>`;
+  }).join("");
+}
+
+async function loadUsage() {
+  const params = new URLSearchParams(usageParams);
+  const response = await fetch("/api/usage?" + params.toString(), { credentials: "same-origin" });
+  usage = await response.json().catch(() => ({ error: `HTTP ${response.status}` }));
+  if (usage.resource) usageParams.resource = usage.resource;
+  if (tab() === "usage") renderSections(["usage", "fairShare"]);
+}
+
 function walkNodes(groups, fn) {
   for (const g of groups) {
     if (g.nodes) g.nodes.forEach(fn); else walkNodes(g.groups, fn);
@@ -161,11 +279,14 @@ const RENDERERS = {
   localQueues: ["localqueues", "LocalQueues", localQueues],
   pending: ["pending", "Pending workloads", pending],
   topology: ["topology", "Topology", topology],
+  usage: ["usage", "Usage over time", usageSection],
+  fairShare: ["fairshare", "Admission fair sharing: decayed usage and fair share", fairShare],
 };
 const TABS = {
   overview: ["counts", "cohorts", "clusterQueues", "localQueues"],
   pending: ["counts", "pending"],
   topology: ["counts", "topology"],
+  usage: ["usage", "fairShare"],
 };
 
 function tab() {
@@ -175,6 +296,11 @@ function tab() {
 
 function renderAll() {
   const t = tab();
+  clearInterval(usageTimer);
+  if (t === "usage") {
+    loadUsage();
+    usageTimer = setInterval(loadUsage, 30000);
+  }
   if (t === "workload") return renderWorkload();
   app.innerHTML = TABS[t].map((k) => {
     const [id, title, fn] = RENDERERS[k];
@@ -211,6 +337,12 @@ function bind() {
   if (cq) cq.onchange = () => { filter.cq = cq.value; connect(); };
   const gang = document.getElementById("gang");
   if (gang) gang.onchange = () => { selectedGang = gang.value; renderSections(["topology"]); };
+  for (const key of ["window", "by", "resource"]) {
+    const el = document.getElementById("usage-" + key);
+    if (el) el.onchange = () => { usageParams[key] = el.value; loadUsage(); };
+  }
+  const refresh = document.getElementById("usage-refresh");
+  if (refresh) refresh.onclick = loadUsage;
 }
 
 async function renderWorkload(quiet) {
