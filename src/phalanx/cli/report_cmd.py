@@ -108,9 +108,16 @@ def _usage(engine: Any, *, since: dt.timedelta, by: str, fmt: str) -> str:
     rows = report.usage(engine, since=until - since, until=until, by=by)
     resources = sorted({r for row in rows for r in row.resource_seconds})
     header = [by, "admissions", "preemptions", "wait_p50_s", "wait_p95_s"] + [
-        f"{r}_hours" + (f"_{unit}" if (unit := report.resource_unit(r)[0]) else "")
-        for r in resources
+        _hours_column(r, "hours") for r in resources
     ]
+    # Per ClusterQueue, its quota over the window: what share it used and what it borrowed.
+    quota = (
+        report.quota_use(engine, since=until - since, until=until) if by == "clusterqueue" else {}
+    )
+    quota_resources = sorted({r for per in quota.values() for r, u in per.items() if u.quota})
+    for r in quota_resources:
+        header += [_hours_column(r, "quota_hours"), f"{r}_quota_used_pct"]
+        header += [_hours_column(r, "borrowed_hours")]
     records: list[list[Any]] = []
     for row in rows:
         hours = row.resource_hours()
@@ -124,6 +131,7 @@ def _usage(engine: Any, *, since: dt.timedelta, by: str, fmt: str) -> str:
                 None if p95 is None else round(p95, 1),
             ]
             + [round(hours.get(r, 0.0), 3) for r in resources]
+            + _quota_cells(quota.get(row.group, {}), quota_resources)
         )
     if fmt == "json":
         return json.dumps([dict(zip(header, r, strict=True)) for r in records], indent=2) + "\n"
@@ -134,6 +142,34 @@ def _usage(engine: Any, *, since: dt.timedelta, by: str, fmt: str) -> str:
         writer.writerows(["" if v is None else v for v in r] for r in records)
         return out.getvalue()
     return _table(header, records)
+
+
+def _hours_column(resource: str, what: str) -> str:
+    from phalanx.store import report
+
+    unit = report.resource_unit(resource)[0]
+    return f"{resource}_{what}" + (f"_{unit}" if unit else "")
+
+
+def _quota_cells(per_resource: dict[str, Any], resources: list[str]) -> list[Any]:
+    """Quota hours, the percentage of it used, borrowed hours, per resource; None (shown as
+    '-') where the store holds no quota of the ClusterQueue for the window."""
+    from phalanx.store import report
+
+    cells: list[Any] = []
+    for r in resources:
+        use = per_resource.get(r)
+        scale = 3600 * report.resource_unit(r)[1]
+        if use is None or use.quota <= 0:
+            cells += [None, None, None if use is None else round(use.borrowed / scale, 3)]
+            continue
+        share = use.used_share
+        cells += [
+            round(use.quota / scale, 3),
+            None if share is None else round(100 * share, 1),
+            round(use.borrowed / scale, 3),
+        ]
+    return cells
 
 
 def _plot(engine: Any, *, since: dt.timedelta, by: str, path: Path) -> int:

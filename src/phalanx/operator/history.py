@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import Engine, case, func, select
 
 from phalanx.operator.state import ClusterState
-from phalanx.store import db
+from phalanx.store import db, quotas
 from phalanx.store import events as ev
 from phalanx.store.models import WorkloadEvent
 
@@ -83,6 +83,11 @@ class HistoryRecorder:
         self._backlog: dict[_Key, ev.Event] = {}
         self._written: dict[str, set[_Key]] = {}
         """Per live Workload UID, the keys already stored (forgotten when it is deleted)."""
+        self._quota_backlog: dict[tuple[str, int, bool], quotas.QuotaSnapshot] = {}
+        self._quota_written: set[tuple[str, int, bool]] = set()
+        """ClusterQueue quota versions (:mod:`phalanx.store.quotas`) waiting, and stored."""
+        self._cluster_queues: dict[str, dict[str, Any]] = {}
+        """ClusterQueue name -> its last object, for the deletion version."""
         self._names: dict[str, dict[str, Any]] = {}
         """Workload key -> its last object, for the deletion event (the feed sends None)."""
         self._active = False
@@ -131,13 +136,34 @@ class HistoryRecorder:
     # -- the feed (on the event loop, cheap) --------------------------------------------------
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
-        if kind != "Workload" or not self._active:
+        if kind not in ("Workload", "ClusterQueue") or not self._active:
             return
         started = time.thread_time()
         try:
-            self._derive(key, obj)
+            if kind == "Workload":
+                self._derive(key, obj)
+            else:
+                self._derive_quota(key, obj)
         finally:
             self.cpu_total.inc(time.thread_time() - started)
+
+    def _derive_quota(self, key: str, obj: dict[str, Any] | None) -> None:
+        if obj is None:
+            last = self._cluster_queues.pop(key, None)
+            if last is None:
+                return
+            snapshot = quotas.snapshot_of(last, seen_at=self._clock(), deleted=True)
+        else:
+            self._cluster_queues[key] = obj
+            metadata = obj.get("metadata") or {}
+            seen = (str(metadata.get("uid")), int(metadata.get("generation") or 1), False)
+            if seen in self._quota_written or seen in self._quota_backlog:
+                return  # a status write: the same quotas
+            snapshot = quotas.snapshot_of(obj, seen_at=self._clock())
+        if snapshot is not None and snapshot.key not in self._quota_written:
+            # A few per ClusterQueue in its lifetime: never dropped for the backlog's bound.
+            self._quota_backlog.setdefault(snapshot.key, snapshot)
+            self._wake.set()
 
     def _derive(self, key: str, obj: dict[str, Any] | None) -> None:
         if obj is None:
@@ -198,6 +224,7 @@ class HistoryRecorder:
                     self._resync_needed = True
                 if self._resync_needed:
                     await self.resync()
+                await self._flush_quotas()
                 while self._backlog:
                     await self.flush_once()
                 self.up.set(1)
@@ -245,6 +272,16 @@ class HistoryRecorder:
         self._migrated = True
         logger.info("event=store_ready url=%s revision=%s", _redacted(self.url), db.head_revision())
 
+    async def _flush_quotas(self) -> None:
+        batch = list(self._quota_backlog.values())
+        if not batch:
+            return
+        engine = self._engine_or_open()
+        await self._in_thread(quotas.write_snapshots, engine, batch)
+        for snapshot in batch:
+            self._quota_backlog.pop(snapshot.key, None)
+            self._quota_written.add(snapshot.key)
+
     async def flush_once(self) -> int:
         """Write one batch of the backlog; on success drop it from the backlog."""
         batch = list(self._backlog.values())[: self.batch_size]
@@ -280,8 +317,23 @@ class HistoryRecorder:
             for event in ev.events_of(workload):
                 if event.key not in self._written.get(event.uid, ()):
                     derived[event.key] = event
+        for name, cq in list(self.state.objects["ClusterQueue"].items()):
+            self._cluster_queues[name] = cq
+            snapshot = quotas.snapshot_of(cq, seen_at=self._clock())
+            if snapshot is not None and snapshot.key not in self._quota_written:
+                self._quota_backlog.setdefault(snapshot.key, snapshot)
         self.cpu_total.inc(time.thread_time() - started)
         engine = self._engine_or_open()
+        # ClusterQueues the store holds as live but the API no longer has: deleted meanwhile.
+        present = {
+            str((cq.get("metadata") or {}).get("uid"))
+            for cq in self.state.objects["ClusterQueue"].values()
+        }
+        for uid, name, generation in await self._in_thread(quotas.live_queues, engine):
+            if uid not in present:
+                removed = quotas.QuotaSnapshot(uid, generation, True, name, None, self._clock())
+                self._quota_backlog.setdefault(removed.key, removed)
+        await self._flush_quotas()
         open_ = await self._in_thread(_open_workloads, engine)
         now = self._clock()
         gone = [

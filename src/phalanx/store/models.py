@@ -31,6 +31,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 __all__ = [
     "Base",
     "EventResource",
+    "QuotaAmount",
+    "QuotaVersion",
     "Reservation",
     "ReservationPreemption",
     "ReservationResource",
@@ -172,3 +174,40 @@ class ReservationPreemption(Base):
         _ID, ForeignKey("workload_reservations.id", ondelete="CASCADE"), primary_key=True
     )
     at_us: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
+
+
+class QuotaVersion(Base):
+    """One version of a ClusterQueue's quotas: a spec generation as the writer first saw it,
+    or its deletion (``deleted``, no amounts). It holds from ``at_us`` to the next version of
+    the same ClusterQueue name (see :mod:`phalanx.store.quotas`)."""
+
+    __tablename__ = "cluster_queue_quota_versions"
+    __table_args__ = (
+        UniqueConstraint("uid", "generation", "deleted", name="uq_cluster_queue_quota_version"),
+        Index("ix_cluster_queue_quota_versions_name", "cluster_queue", "at_us"),
+    )
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True)
+    uid: Mapped[str] = mapped_column(String(64))
+    generation: Mapped[int] = mapped_column(BigInteger())
+    deleted: Mapped[bool] = mapped_column(Boolean())
+    cluster_queue: Mapped[str] = mapped_column(String(253))
+    cohort: Mapped[str | None] = mapped_column(String(253))
+    at_us: Mapped[int] = mapped_column(BigInteger())
+    """Microseconds since the Unix epoch (UTC): the ClusterQueue's creation for its first
+    generation, else when the writer first saw the generation (or the deletion)."""
+
+
+class QuotaAmount(Base):
+    """One flavor and resource of a quota version, in the resource's base unit."""
+
+    __tablename__ = "cluster_queue_quota_amounts"
+
+    version_id: Mapped[int] = mapped_column(
+        _ID, ForeignKey("cluster_queue_quota_versions.id", ondelete="CASCADE"), primary_key=True
+    )
+    flavor: Mapped[str] = mapped_column(String(253), primary_key=True)
+    resource: Mapped[str] = mapped_column(String(253), primary_key=True)
+    nominal: Mapped[int] = mapped_column(BigInteger())
+    borrowing_limit: Mapped[int | None] = mapped_column(BigInteger())
+    lending_limit: Mapped[int | None] = mapped_column(BigInteger())

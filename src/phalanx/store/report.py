@@ -18,18 +18,22 @@ from typing import Any
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
-from phalanx.store import intervals
+from phalanx.store import intervals, quotas
 from phalanx.store.models import WorkloadEvent
 
 __all__ = [
     "GROUPINGS",
+    "QuotaUse",
     "TimelineEntry",
     "UsageRow",
+    "quota_use",
     "resource_seconds_per_bucket",
     "resource_unit",
     "timeline",
     "usage",
 ]
+
+QuotaUse = quotas.QuotaUse
 
 GROUPINGS = ("namespace", "localqueue", "clusterqueue", "flavor")
 
@@ -101,6 +105,15 @@ def usage(engine: Engine, *, since: dt.datetime, until: dt.datetime, by: str) ->
             row(key).preemptions += int(count)
         connection.rollback()
     return [groups[k] for k in sorted(groups)]
+
+
+def quota_use(
+    engine: Engine, *, since: dt.datetime, until: dt.datetime
+) -> dict[str, dict[str, quotas.QuotaUse]]:
+    """ClusterQueue -> resource -> its quota, the part of it used and what it borrowed over
+    ``[since, until)`` (base units x seconds; :func:`phalanx.store.quotas.quota_use`), over
+    the same reservations :func:`usage` reads."""
+    return quotas.quota_use(engine, since=since, until=until, overlapping=_OVERLAPPING)
 
 
 def resource_seconds_per_bucket(

@@ -83,7 +83,7 @@ def test_upgrade_from_empty_creates_the_interval_tables_and_downgrade_drops_them
 ) -> None:
     engine = db.open_engine(store_url)
     db.upgrade(engine)
-    assert db.current_revision(engine) == db.head_revision() == "0003"
+    assert db.current_revision(engine) == db.head_revision()
     names = set(inspect(engine).get_table_names())
     assert names >= _TABLES
     indexes = {i["name"] for i in inspect(engine).get_indexes("workload_reservations")}

@@ -17,7 +17,7 @@ from store_builders import condition, workload
 from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.state import ClusterState
 from phalanx.store import db
-from phalanx.store.models import WorkloadEvent
+from phalanx.store.models import QuotaAmount, QuotaVersion, WorkloadEvent
 
 
 def _stored(url: str) -> list[tuple[str, str]]:
@@ -173,3 +173,94 @@ def test_the_store_cpu_counter_counts_the_stores_work_and_nothing_else(store_url
     counted = recorder.cpu_total._value.get()
     assert counted > 0
     assert counted <= process - spun
+
+
+def _cluster_queue(name: str, gpus: str, generation: int, version: int) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "generation": generation,
+            "resourceVersion": str(version),
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {
+            "resourceGroups": [
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": "h100",
+                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}],
+                        }
+                    ],
+                }
+            ]
+        },
+        "status": {"admittedWorkloads": version},
+    }
+
+
+def _versions(url: str) -> list[tuple[str, int, bool, int | None]]:
+    """The stored quota versions, sorted (none before the recorder has migrated the store)."""
+    engine = db.open_engine(url)
+    if db.current_revision(engine) != db.head_revision():
+        engine.dispose()
+        return []
+    with Session(engine) as session:
+        rows = session.execute(
+            select(
+                QuotaVersion.cluster_queue,
+                QuotaVersion.generation,
+                QuotaVersion.deleted,
+                QuotaAmount.nominal,
+            )
+            .outerjoin(QuotaAmount, QuotaAmount.version_id == QuotaVersion.id)
+            .order_by(QuotaVersion.id)
+        ).all()
+    engine.dispose()
+    return sorted((cq, gen, deleted, nominal) for cq, gen, deleted, nominal in rows)
+
+
+def test_cluster_queue_quotas_are_stored_once_per_generation_and_at_deletion(
+    store_url: str,
+) -> None:
+    """Status writes (same generation) store nothing; a spec change stores a version; a
+    deletion seen live, and one found at a new leader's resync, store the deletion."""
+
+    async def first(state: ClusterState, recorder: HistoryRecorder) -> None:
+        await _until(lambda: recorder._migrated)  # changes seen live, not by the first resync
+        state.apply("ClusterQueue", None, _cluster_queue("a", "8", 1, 1))
+        state.apply("ClusterQueue", "MODIFIED", _cluster_queue("a", "8", 1, 2))  # status
+        state.apply("ClusterQueue", "MODIFIED", _cluster_queue("a", "4", 2, 3))
+        state.apply("ClusterQueue", None, _cluster_queue("b", "2", 1, 1))
+        state.apply("ClusterQueue", None, _cluster_queue("c", "1", 1, 1))
+        state.apply("ClusterQueue", "DELETED", _cluster_queue("c", "1", 1, 2))
+        await _until(lambda: len(_versions(store_url)) == 5)
+
+    _run(store_url, first)
+    assert _versions(store_url) == [
+        ("a", 1, False, 8),
+        ("a", 2, False, 4),
+        ("b", 1, False, 2),
+        ("c", 1, False, 1),
+        ("c", 1, True, None),
+    ]
+
+    async def second(state: ClusterState, recorder: HistoryRecorder) -> None:
+        await _until(lambda: len(_versions(store_url)) == 6)
+
+    # The next leader's state has "a" only: "b" was deleted while no leader ran.
+    def with_a(state: ClusterState, recorder: HistoryRecorder) -> Awaitable[None]:
+        state.apply("ClusterQueue", None, _cluster_queue("a", "4", 2, 9))
+        return second(state, recorder)
+
+    _run(store_url, with_a)
+    assert _versions(store_url) == [
+        ("a", 1, False, 8),
+        ("a", 2, False, 4),
+        ("b", 1, False, 2),
+        ("b", 1, True, None),
+        ("c", 1, False, 1),
+        ("c", 1, True, None),
+    ]
