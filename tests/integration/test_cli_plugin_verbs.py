@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from operator_fixtures import (
 )
 
 from phalanx import __version__
+from phalanx.cli import top_cmd
 from phalanx.devcluster.handle import ClusterHandle
 
 pytestmark = pytest.mark.integration
@@ -274,6 +276,30 @@ def test_top_refreshes_until_interrupted(cluster: ClusterHandle, kueue_crds: Pat
         _, err = proc.communicate(timeout=30)
     assert titles == 2
     assert proc.returncode == 0, err
+
+
+def test_top_redraws_a_terminal(cluster: ClusterHandle, kueue_crds: Path) -> None:
+    """On a terminal (a pseudo-terminal here) each frame clears the screen first."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [str(PLUGIN), "top", "--interval", "0.5", f"--kubeconfig={cluster.kubeconfig}"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+    )
+    os.close(follower)
+    seen = b""
+    try:
+        while seen.count(top_cmd.CLEAR.encode()) < 2:
+            seen += os.read(leader, 4096)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        os.close(leader)
+    frames = seen.decode().split(top_cmd.CLEAR)
+    assert frames[0] == ""  # nothing before the first clear
+    assert frames[1].startswith("Every 0.5s: phalanx top   ")
+    assert "CLUSTERQUEUE" in frames[1] or "No ClusterQueues found" in frames[1]
+    assert proc.returncode == 0
 
 
 def test_version_reads_the_operator_deployment(
