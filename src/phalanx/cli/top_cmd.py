@@ -108,12 +108,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     namespace = None if args.all_namespaces else (args.namespace or auth.default_namespace)
     try:
-        return asyncio.run(_show(args, auth, namespace, out=sys.stdout))
+        return asyncio.run(_show(args, auth=auth, namespace=namespace, out=sys.stdout))
     except KeyboardInterrupt:
         return 0
 
 
-async def _show(args: argparse.Namespace, auth: Any, namespace: str | None, *, out: TextIO) -> int:
+async def _show(args: argparse.Namespace, *, auth: Any, namespace: str | None, out: TextIO) -> int:
     """Read and print frames until Ctrl-C (or once); 1 on an API refusal."""
     from phalanx.operator.kube import TRANSIENT_ERRORS, ApiError, KubeApi
 
