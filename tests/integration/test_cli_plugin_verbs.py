@@ -1,14 +1,19 @@
 """The kubectl plugin's verbs on the local control plane, against the running operator: queues and
 a flavor created with the plugin admit a Job; stop/resume of a ClusterQueue and of a Workload;
-delete workload with its Job; version; completion."""
+delete workload with its Job; top (a Job's usage while admitted, returned once it finished; the
+live view refreshing until Ctrl-C); version; completion."""
 
 from __future__ import annotations
 
+import json
 import os
+import pty
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,6 +34,7 @@ from operator_fixtures import (
 )
 
 from phalanx import __version__
+from phalanx.cli import top_cmd
 from phalanx.devcluster.handle import ClusterHandle
 
 pytestmark = pytest.mark.integration
@@ -193,6 +199,109 @@ def test_created_queues_admit_and_stop_resume_delete_act_on_them(
     assert missing.stderr == "error: workload nope not found\n"
 
 
+def _top(cluster: ClusterHandle, *argv: str) -> dict[str, Any]:
+    return dict(json.loads(plugin(cluster, "top", "--once", "-o", "json", *argv).stdout))
+
+
+def _cq_in(frame: dict[str, Any]) -> dict[str, Any]:
+    return next(q for q in frame["clusterQueues"] if q["name"] == CQ)
+
+
+def test_top_shows_a_jobs_usage_and_its_return(
+    cluster: ClusterHandle,
+    phalanx_operator: OperatorProcess,
+    plugin_queues: None,
+    namespace: str,
+) -> None:
+    log = phalanx_operator.log_tail
+    # An earlier test's Jobs leave with their namespace: start from an idle ClusterQueue.
+    wait_for("the ClusterQueue idle", lambda: _cq_in(_top(cluster))["admittedWorkloads"] == 0)
+    plugin(cluster, "create", "localqueue", "lq", "-n", namespace, "-c", CQ)
+    apply(cluster, gpu_job("topped", queue="lq", gpus=6, run_seconds="30"), namespace=namespace)
+    wait_for("topped admitted", lambda: _admitted(cluster, namespace, "topped"), log=log)
+
+    def using(gpus: str, admitted: int) -> dict[str, Any] | None:
+        frame = _top(cluster, "--localqueues", "-n", namespace)
+        queue = _cq_in(frame)
+        usage = {r["resource"]: r for r in queue["resources"]}
+        ok = usage["nvidia.com/gpu"]["usage"] == gpus and queue["admittedWorkloads"] == admitted
+        return frame if ok else None
+
+    frame = wait_for("top showing the Job's 6 GPUs", lambda: using("6", 1), log=log)
+    queue = _cq_in(frame)
+    assert {(r["resource"], r["nominal"], r["borrowed"]) for r in queue["resources"]} == {
+        ("cpu", "8", "0"),
+        ("nvidia.com/gpu", "8", "0"),
+    }
+    assert (queue["stopPolicy"], queue["active"]) == ("None", True)
+    (lq,) = frame["localQueues"]
+    assert (lq["namespace"], lq["name"], lq["clusterQueue"]) == (namespace, "lq", CQ)
+    assert lq["admittedWorkloads"] == 1
+    assert {r["resource"]: r["usage"] for r in lq["resources"]}["nvidia.com/gpu"] == "6"
+    table = plugin(cluster, "top", "--once", "--localqueues", "-n", namespace).stdout
+    print(table)  # the user guide's example output
+    row = next(line.split() for line in table.splitlines() if line.startswith(CQ))
+    assert row[:4] == [CQ, "0", "1", "Active"]  # no cohort: that column is blank
+    assert "6/8 (75%)" in table
+
+    # The Job runs 30 s and finishes: its quota returns.
+    wait_for(
+        "topped finished",
+        lambda: is_true(workload_of(cluster, namespace, "topped") or {}, "Finished"),
+        timeout=120,
+        log=log,
+    )
+    wait_for("top showing the GPUs back", lambda: using("0", 0), log=log)
+    print(plugin(cluster, "top", "--once", "--localqueues", "-n", namespace).stdout)
+
+
+def test_top_refreshes_until_interrupted(cluster: ClusterHandle, kueue_crds: Path) -> None:
+    """Into a pipe: a title line per frame, no terminal escapes; Ctrl-C ends it quietly."""
+    proc = subprocess.Popen(
+        [str(PLUGIN), "top", "--interval", "0.5", f"--kubeconfig={cluster.kubeconfig}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    titles = 0
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            assert "\x1b" not in line
+            titles += line.startswith("Every 0.5s: phalanx top   ")
+            if titles == 2:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert titles == 2
+    assert proc.returncode == 0, err
+
+
+def test_top_redraws_a_terminal(cluster: ClusterHandle, kueue_crds: Path) -> None:
+    """On a terminal (a pseudo-terminal here) each frame clears the screen first."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [str(PLUGIN), "top", "--interval", "0.5", f"--kubeconfig={cluster.kubeconfig}"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+    )
+    os.close(follower)
+    seen = b""
+    try:
+        while seen.count(top_cmd.CLEAR.encode()) < 2:
+            seen += os.read(leader, 4096)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        os.close(leader)
+    frames = seen.decode().split(top_cmd.CLEAR)
+    assert frames[0] == ""  # nothing before the first clear
+    assert frames[1].startswith("Every 0.5s: phalanx top   ")
+    assert "CLUSTERQUEUE" in frames[1] or "No ClusterQueues found" in frames[1]
+    assert proc.returncode == 0
+
+
 def test_version_reads_the_operator_deployment(
     cluster: ClusterHandle, kueue_crds: Path, namespace: str
 ) -> None:
@@ -260,6 +369,8 @@ def test_without_rights_the_api_servers_message_is_printed(
     kubeconfig.write_text(yaml.safe_dump(config))
     user = f"system:serviceaccount:{namespace}:nobody"
     for argv, verb in (
+        (["top", "--once"], "list"),
+        (["top", "--once", "--localqueues", "-n", namespace], "list"),
         (["create", "rf", "f"], "create"),
         (["stop", "cq", "any"], "get"),
         (["stop", "workload", "w", "-n", namespace], "get"),

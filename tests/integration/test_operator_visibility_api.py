@@ -1,12 +1,13 @@
 """Kueue's visibility API through the API server's aggregation layer, on the local control plane.
 
-The operator serves ``visibility.kueue.x-k8s.io/v1beta2`` (``--visibility-port``) on the host's
-address; the APIService points at a selector-less Service whose EndpointSlice names that
-address (the API server runs with ``--enable-aggregator-routing`` and refuses loopback
-addresses in EndpointSlices). Users are ServiceAccounts calling with their own tokens, bound to
-the shipped Kueue-compatible ClusterRoles (``manifests/base/visibility.yaml``), not
-cluster-admin. ``kubectl get --raw`` on both endpoints gives positions, and freeing the quota
-one workload at a time admits them in exactly that order; a user without rights gets 403.
+The operator serves ``visibility.kueue.x-k8s.io`` in ``v1beta2`` and Kueue's older ``v1beta1``
+(``--visibility-port``) on the host's address; the two APIServices point at a selector-less
+Service whose EndpointSlice names that address (the API server runs with
+``--enable-aggregator-routing`` and refuses loopback addresses in EndpointSlices). Users are
+ServiceAccounts calling with their own tokens, bound to the shipped Kueue-compatible
+ClusterRoles (``manifests/base/visibility.yaml``), not cluster-admin. ``kubectl get --raw`` on
+both endpoints gives positions, the same in both versions, and freeing the quota one workload
+at a time admits them in exactly that order; a user without rights gets 403 in either version.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ pytestmark = pytest.mark.integration
 
 FLAVOR = "phx-vis"
 SERVICE_NS = "phx-visibility"
-APISERVICE = "v1beta2.visibility.kueue.x-k8s.io"
+VERSIONS = ("v1beta2", "v1beta1")
+APISERVICES = [f"{version}.visibility.kueue.x-k8s.io" for version in VERSIONS]
 BASE = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+BASE_V1BETA1 = "/apis/visibility.kueue.x-k8s.io/v1beta1"
 ROLES = REPO / "manifests" / "base" / "visibility.yaml"
 
 
@@ -54,7 +57,7 @@ def _user_roles() -> list[dict[str, Any]]:
 def visibility(
     cluster: ClusterHandle, kueue_crds: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The operator serving the API, and the APIService routed to it (Available)."""
+    """The operator serving the API, and both APIServices routed to it (Available)."""
     address = host_address()
     port = free_port(address)
     op = start_operator(
@@ -83,36 +86,44 @@ def visibility(
             "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         },
-        {
-            "apiVersion": "apiregistration.k8s.io/v1",
-            "kind": "APIService",
-            "metadata": {"name": APISERVICE},
-            "spec": {
-                "group": "visibility.kueue.x-k8s.io",
-                "version": "v1beta2",
-                "groupPriorityMinimum": 100,
-                "versionPriority": 100,
-                "insecureSkipTLSVerify": True,
-                "service": {"name": "phalanx-visibility", "namespace": SERVICE_NS, "port": 443},
-            },
-        },
+        *(
+            {
+                "apiVersion": "apiregistration.k8s.io/v1",
+                "kind": "APIService",
+                "metadata": {"name": f"{version}.visibility.kueue.x-k8s.io"},
+                "spec": {
+                    "group": "visibility.kueue.x-k8s.io",
+                    "version": version,
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 100,
+                    "insecureSkipTLSVerify": True,
+                    "service": {
+                        "name": "phalanx-visibility",
+                        "namespace": SERVICE_NS,
+                        "port": 443,
+                    },
+                },
+            }
+            for version in VERSIONS
+        ),
         *_user_roles(),
     ]
     try:
         apply(cluster, *objects)
-        wait_for(
-            "the APIService Available",
-            lambda: is_true(
-                json.loads(cluster.kubectl_ok("get", "apiservice", APISERVICE, "-o", "json")),
-                "Available",
-            ),
-            timeout=60,
-            log=op.log_tail,
-        )
+        for name in APISERVICES:
+            wait_for(
+                f"the APIService {name} Available",
+                lambda name=name: is_true(
+                    json.loads(cluster.kubectl_ok("get", "apiservice", name, "-o", "json")),
+                    "Available",
+                ),
+                timeout=60,
+                log=op.log_tail,
+            )
         yield op
     finally:
-        # The APIService first: an unavailable aggregated API stalls namespace deletion.
-        cluster.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found")
+        # The APIServices first: an unavailable aggregated API stalls namespace deletion.
+        cluster.kubectl("delete", "apiservice", *APISERVICES, "--ignore-not-found")
         cluster.kubectl("delete", "namespace", SERVICE_NS, "--wait=false")
         op.stop()
 
@@ -357,11 +368,26 @@ def _run_scenario(
         page = _ok(cluster, viewer, f"{cq_path}?limit=2&offset=1")
         assert [i["metadata"]["name"] for i in page["items"]] == order[1:3]
 
+        # Kueue's v1beta1: the same items, positions and paging, in its own apiVersion.
+        v1_cq = f"{BASE_V1BETA1}/clusterqueues/{cq}/pendingworkloads"
+        old = _ok(cluster, viewer, v1_cq)
+        assert old["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
+        assert old["items"] == summary["items"]
+        old_page = _ok(cluster, viewer, f"{v1_cq}?limit=2&offset=1")
+        assert old_page["items"] == page["items"]
+        for lq, account in (("lq-a", team_a), ("lq-b", viewer)):
+            path = f"namespaces/{namespace}/localqueues/{lq}/pendingworkloads"
+            old_lq = _ok(cluster, account, f"{BASE_V1BETA1}/{path}")
+            assert old_lq["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
+            assert old_lq["items"] == _ok(cluster, account, f"{BASE}/{path}")["items"]
+
         # 403: no rights at all; the LocalQueue role in the namespace is not the ClusterQueue's.
-        lq_a = f"{BASE}/namespaces/{namespace}/localqueues/lq-a/pendingworkloads"
-        for account, path in ((stranger, lq_a), (stranger, cq_path), (team_a, cq_path)):
-            proc = _raw(cluster, account, path)
-            assert proc.returncode != 0 and "Forbidden" in proc.stderr, proc.stderr
+        for base in (BASE, BASE_V1BETA1):
+            lq_a = f"{base}/namespaces/{namespace}/localqueues/lq-a/pendingworkloads"
+            cq_any = f"{base}/clusterqueues/{cq}/pendingworkloads"
+            for account, path in ((stranger, lq_a), (stranger, cq_any), (team_a, cq_any)):
+                proc = _raw(cluster, account, path)
+                assert proc.returncode != 0 and "Forbidden" in proc.stderr, proc.stderr
 
         sample = f'phalanx_pending_workloads{{cluster_queue="{cq}",reason="WaitingForQuota"}} 6.0'
         wait_for("the pending-by-reason gauge", lambda: sample in op.metrics(), timeout=20, log=log)

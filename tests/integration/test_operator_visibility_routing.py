@@ -2,7 +2,7 @@
 
 On the local control plane, in-cluster-shaped (``incluster_support``): the overlay applied, the
 Service ``phalanx-visibility`` (its selector: the app label and
-``phalanx.kueue.x-k8s.io/visibility=serving``) and the APIService of
+``phalanx.kueue.x-k8s.io/visibility=serving``) and the APIServices of
 ``manifests/controller/visibility.yaml``, two replicas started with the Deployment's
 arguments, each with a Pod object named as it is and ``POD_NAME``/``POD_NAMESPACE``. The
 harness follows the Service's selector over those Pods into EndpointSlices (the devcluster's
@@ -10,7 +10,8 @@ pods have no addresses), so the API server's aggregator reaches exactly the repl
 carries the label.
 
 Asserted: the leader's Pod carries the label and the standby's does not; every
-``kubectl get --raw`` of a ClusterQueue's pending workloads is answered 200 (none 503); after
+``kubectl get --raw`` of a ClusterQueue's pending workloads is answered 200 (none 503), in
+v1beta2 and, through the shipped v1beta1 APIService, in v1beta1; after
 SIGTERM of the leader, the new leader's Pod carries the label, the old one's does not, and the
 calls are answered 200 again.
 """
@@ -40,6 +41,7 @@ from phalanx.operator.podlabel import SERVING_LABEL, SERVING_VALUE
 pytestmark = pytest.mark.integration
 
 APISERVICE = "v1beta2.visibility.kueue.x-k8s.io"
+APISERVICE_V1BETA1 = "v1beta1.visibility.kueue.x-k8s.io"
 CQ = "phx-visl"
 PENDING = f"/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/{CQ}/pendingworkloads"
 CALLS = 8
@@ -100,6 +102,19 @@ def _every_call_answered(install: InClusterInstall) -> None:
         else:
             assert json.loads(proc.stdout)["kind"] == "PendingWorkloadsSummary"
     assert not failed, f"{len(failed)} of {CALLS} calls failed: {failed}"
+    # Kueue's v1beta1, through the shipped APIService to the same Service.
+    wait_for(
+        "the v1beta1 APIService Available",
+        lambda: is_true(
+            json.loads(
+                install.cluster.kubectl_ok("get", "apiservice", APISERVICE_V1BETA1, "-o", "json")
+            ),
+            "Available",
+        ),
+        timeout=60,
+    )
+    old = install.cluster.kubectl_ok("get", "--raw", PENDING.replace("/v1beta2/", "/v1beta1/"))
+    assert json.loads(old)["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
 
 
 def test_the_service_routes_to_the_leaders_pod_through_a_hand_over(install: InClusterInstall):

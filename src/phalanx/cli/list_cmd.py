@@ -87,19 +87,31 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_run(args, auth, namespace))
 
 
-async def _run(args: argparse.Namespace, auth: Any, namespace: str | None) -> int:
-    from phalanx.operator.kube import ApiError, KubeApi, Resource
+async def list_kueue(api: Any, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+    """Every object of a Kueue kind (``clusterqueues``, ``localqueues``, ...) in v1beta2, of
+    ``namespace`` (None: every namespace; ignored for the cluster-scoped kinds). Raises the
+    API's ``ApiError``."""
+    from phalanx.operator.kube import Resource
 
-    plural = KINDS[args.kind]
     cluster_scoped = plural in ("clusterqueues", "resourceflavors")
     resource = Resource("kueue.x-k8s.io", "v1beta2", plural, namespaced=not cluster_scoped)
+    items: list[dict[str, Any]] = await api.list_all(
+        resource, namespace=None if cluster_scoped else namespace
+    )
+    return items
+
+
+async def _run(args: argparse.Namespace, auth: Any, namespace: str | None) -> int:
+    from phalanx.operator.kube import ApiError, KubeApi
+
+    plural = KINDS[args.kind]
     api = KubeApi(auth)
     try:
         try:
             if plural == "pods":
                 items = await list_pods.pods_for(api, args.for_, namespace or "default")
             else:
-                items = await api.list_all(resource, namespace=namespace)
+                items = await list_kueue(api, plural, namespace)
         except list_pods.ForError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
@@ -201,11 +213,10 @@ def cluster_queue_of(workload: Mapping[str, Any], queues: Mapping[tuple[str, str
 async def _local_queues(api: Any, namespace: str | None) -> dict[tuple[str, str], str]:
     """(namespace, LocalQueue) -> ClusterQueue, or nothing when LocalQueues may not be listed
     (the pending Workloads' ClusterQueue column is then empty)."""
-    from phalanx.operator.kube import ApiError, Resource
+    from phalanx.operator.kube import ApiError
 
-    resource = Resource("kueue.x-k8s.io", "v1beta2", "localqueues")
     try:
-        queues = await api.list_all(resource, namespace=namespace)
+        queues = await list_kueue(api, "localqueues", namespace)
     except ApiError:
         return {}
     return {

@@ -25,6 +25,7 @@ from phalanx.cli import (
     report_cmd,
     simulate_cmd,
     store_cmd,
+    top_cmd,
     validate_cmd,
     whatif_cmd,
 )
@@ -40,6 +41,7 @@ _COMMANDS = (
     list_cmd,
     explain_cmd,
     whatif_cmd,
+    top_cmd,
     plugin_cmd,
     completion_cmd,
     dashboard_cmd,

@@ -1,7 +1,11 @@
-"""Kueue's visibility API (``visibility.kueue.x-k8s.io/v1beta2``), served as an aggregated API.
+"""Kueue's visibility API (``visibility.kueue.x-k8s.io``, versions ``v1beta2`` and ``v1beta1``),
+served as an aggregated API.
 
-The API server proxies ``/apis/visibility.kueue.x-k8s.io/v1beta2/...`` here (the APIService
-``v1beta2.visibility.kueue.x-k8s.io``), as it does for Kueue's visibility server:
+The API server proxies ``/apis/visibility.kueue.x-k8s.io/{v1beta2,v1beta1}/...`` here (the
+APIServices ``v1beta2.visibility.kueue.x-k8s.io`` and ``v1beta1.visibility.kueue.x-k8s.io``),
+as it does for Kueue's visibility server. Kueue serves both versions from one storage, with
+v1beta2 preferred; their types are field for field the same, so the two versions give the same
+answer but for its ``apiVersion``, and the same request is reviewed with its own version:
 
 * ``GET clusterqueues/{cq}/pendingworkloads`` and
   ``GET namespaces/{ns}/localqueues/{lq}/pendingworkloads``, query ``limit`` (default 1000,
@@ -30,6 +34,7 @@ the namespace) in the group. Anything else is 403.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import ssl
@@ -53,6 +58,7 @@ from phalanx.operator.serving import _Site
 __all__ = [
     "GROUP",
     "VERSION",
+    "VERSIONS",
     "FrontProxy",
     "NotServing",
     "PendingReasons",
@@ -70,7 +76,9 @@ logger = logging.getLogger(__name__)
 
 GROUP = "visibility.kueue.x-k8s.io"
 VERSION = "v1beta2"
-GROUP_VERSION = f"{GROUP}/{VERSION}"
+"""The preferred version (Kueue's ``PrioritizedVersions`` lists it first)."""
+VERSIONS = (VERSION, "v1beta1")
+"""Every version served, preferred first, as Kueue's API group lists them."""
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 100_000
 """Kueue's ``DefaultPendingWorkloadsLimit`` and ``MaxPendingWorkloadsLimit``."""
@@ -81,9 +89,16 @@ SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 # -- discovery ------------------------------------------------------------------------------------
 
 
+def _version_entry(version: str) -> dict[str, str]:
+    return {"groupVersion": f"{GROUP}/{version}", "version": version}
+
+
 def _group_body() -> dict[str, Any]:
-    version = {"groupVersion": GROUP_VERSION, "version": VERSION}
-    return {"name": GROUP, "versions": [version], "preferredVersion": version}
+    return {
+        "name": GROUP,
+        "versions": [_version_entry(version) for version in VERSIONS],
+        "preferredVersion": _version_entry(VERSION),
+    }
 
 
 def api_group_list() -> dict[str, Any]:
@@ -96,8 +111,8 @@ def api_group() -> dict[str, Any]:
     return {"kind": "APIGroup", "apiVersion": "v1", **_group_body()}
 
 
-def api_resource_list() -> dict[str, Any]:
-    """What Kueue's generic API server lists for the version (its storage map)."""
+def api_resource_list(version: str = VERSION) -> dict[str, Any]:
+    """What Kueue's generic API server lists for ``version`` (one storage map for both)."""
     resources = []
     for plural, singular, namespaced in (
         ("clusterqueues", "clusterqueue", False),
@@ -111,7 +126,7 @@ def api_resource_list() -> dict[str, Any]:
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",
-        "groupVersion": GROUP_VERSION,
+        "groupVersion": f"{GROUP}/{version}",
         "resources": resources,
     }
 
@@ -164,10 +179,10 @@ def _item(
     return item
 
 
-def _summary(items: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(items: list[dict[str, Any]], version: str) -> dict[str, Any]:
     return {
         "kind": "PendingWorkloadsSummary",
-        "apiVersion": GROUP_VERSION,
+        "apiVersion": f"{GROUP}/{version}",
         "metadata": {"creationTimestamp": None},
         "items": items,
     }
@@ -187,6 +202,7 @@ def pending_in_cluster_queue(
     *,
     limit: int = DEFAULT_LIMIT,
     offset: int = 0,
+    version: str = VERSION,
 ) -> dict[str, Any] | None:
     """Kueue's ``pendingWorkloadsInCqREST.Get``; None when the ClusterQueue is unknown."""
     limit, offset = bounded(limit, offset)
@@ -202,7 +218,7 @@ def pending_in_cluster_queue(
             items.append(
                 _item(scheduler, objects, entry, position_in_cq=index, position_in_lq=position)
             )
-    return _summary(items)
+    return _summary(items, version)
 
 
 def pending_in_local_queue(
@@ -213,6 +229,7 @@ def pending_in_local_queue(
     *,
     limit: int = DEFAULT_LIMIT,
     offset: int = 0,
+    version: str = VERSION,
 ) -> dict[str, Any] | None:
     """Kueue's ``pendingWorkloadsInLqREST.Get``; None when the LocalQueue is unknown."""
     limit, offset = bounded(limit, offset)
@@ -239,7 +256,7 @@ def pending_in_local_queue(
                 position_in_lq=len(items) + offset,
             )
         )
-    return _summary(items)
+    return _summary(items, version)
 
 
 class PendingReasons:
@@ -399,7 +416,8 @@ class _ClientVerifyingCert(ReloadingCert):
 
 
 class VisibilityServer(_Site):
-    """The aggregated API server of ``visibility.kueue.x-k8s.io/v1beta2`` (HTTPS)."""
+    """The aggregated API server of ``visibility.kueue.x-k8s.io`` (both versions) and of
+    ``insight_api``'s group (HTTPS)."""
 
     def __init__(
         self,
@@ -427,17 +445,27 @@ class VisibilityServer(_Site):
         """The informers' objects of a kind (priority classes, for a what-if on a Job)."""
 
     def routes(self) -> list[aiohttp.web.RouteDef]:
-        base = f"/apis/{GROUP}/{VERSION}"
         ours = f"/apis/{insight_api.GROUP}/{insight_api.VERSION}"
+        kueue = []
+        for version in VERSIONS:
+            base = f"/apis/{GROUP}/{version}"
+            kueue += [
+                aiohttp.web.get(
+                    base, self._discovery(functools.partial(api_resource_list, version))
+                ),
+                aiohttp.web.get(
+                    f"{base}/clusterqueues/{{name}}/pendingworkloads",
+                    self._cluster_queue(version),
+                ),
+                aiohttp.web.get(
+                    f"{base}/namespaces/{{namespace}}/localqueues/{{name}}/pendingworkloads",
+                    self._local_queue(version),
+                ),
+            ]
         return [
             aiohttp.web.get("/apis", self._discovery(api_group_list)),
             aiohttp.web.get(f"/apis/{GROUP}", self._discovery(api_group)),
-            aiohttp.web.get(base, self._discovery(api_resource_list)),
-            aiohttp.web.get(f"{base}/clusterqueues/{{name}}/pendingworkloads", self._cluster_queue),
-            aiohttp.web.get(
-                f"{base}/namespaces/{{namespace}}/localqueues/{{name}}/pendingworkloads",
-                self._local_queue,
-            ),
+            *kueue,
             aiohttp.web.get(f"/apis/{insight_api.GROUP}", self._discovery(insight_api.api_group)),
             aiohttp.web.get(ours, self._discovery(insight_api.api_resource_list)),
             aiohttp.web.get(
@@ -492,13 +520,23 @@ class VisibilityServer(_Site):
             return False
         return front_proxy.common_name_allowed(request.transport.get_extra_info("peercert"))
 
-    async def _cluster_queue(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        name = request.match_info["name"]
-        return await self._serve(request, resource="clusterqueues", namespace="", name=name)
+    def _cluster_queue(self, version: str) -> Callable[[aiohttp.web.Request], Any]:
+        async def handler(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            name = request.match_info["name"]
+            return await self._serve(
+                request, version=version, resource="clusterqueues", namespace="", name=name
+            )
 
-    async def _local_queue(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        return await self._serve(request, resource="localqueues", namespace=namespace, name=name)
+        return handler
+
+    def _local_queue(self, version: str) -> Callable[[aiohttp.web.Request], Any]:
+        async def handler(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            namespace, name = request.match_info["namespace"], request.match_info["name"]
+            return await self._serve(
+                request, version=version, resource="localqueues", namespace=namespace, name=name
+            )
+
+        return handler
 
     async def _admit(
         self, request: aiohttp.web.Request, ask: Access
@@ -533,11 +571,17 @@ class VisibilityServer(_Site):
         return None
 
     async def _serve(
-        self, request: aiohttp.web.Request, *, resource: str, namespace: str, name: str
+        self,
+        request: aiohttp.web.Request,
+        *,
+        version: str,
+        resource: str,
+        namespace: str,
+        name: str,
     ) -> aiohttp.web.Response:
         refused = await self._admit(
             request,
-            Access(GROUP, VERSION, "get", resource, "pendingworkloads", namespace, name),
+            Access(GROUP, version, "get", resource, "pendingworkloads", namespace, name),
         )
         if refused is not None:
             return refused
@@ -550,10 +594,10 @@ class VisibilityServer(_Site):
         def read(scheduler: Scheduler, objects: Mapping[str, Mapping[str, Any]]) -> Any:
             if resource == "clusterqueues":
                 return pending_in_cluster_queue(
-                    scheduler, objects, name, limit=limit, offset=offset
+                    scheduler, objects, name, limit=limit, offset=offset, version=version
                 )
             return pending_in_local_queue(
-                scheduler, objects, namespace, name, limit=limit, offset=offset
+                scheduler, objects, namespace, name, limit=limit, offset=offset, version=version
             )
 
         try:

@@ -1,5 +1,6 @@
 """Kueue's visibility API as Phalanx serves it (phalanx.operator.visibility), without a cluster:
-the PendingWorkloadsSummary shapes, limit and offset as Kueue bounds them, positions that are
+the PendingWorkloadsSummary shapes in both of Kueue's versions (v1beta2 and v1beta1), limit and
+offset as Kueue bounds them, positions that are
 the order in which the core then admits, the discovery documents, the pending-by-reason gauge,
 and the HTTPS server that believes X-Remote-* headers only from a client certificate the
 request-header CA signed for an allowed name, then asks a SubjectAccessReview (403 otherwise).
@@ -49,6 +50,7 @@ from phalanx.quotas.resources import ResourceQuota
 
 CPU = 1000
 BASE = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+BASE_V1BETA1 = "/apis/visibility.kueue.x-k8s.io/v1beta1"
 
 
 class World:
@@ -110,12 +112,12 @@ class World:
     def finish(self, name: str) -> None:
         self.scheduler.finish_workload(f"team/{name}")
 
-    def cq(self, **kwargs: int) -> dict[str, Any]:
+    def cq(self, **kwargs: Any) -> dict[str, Any]:
         found = pending_in_cluster_queue(self.scheduler, self.objects, "cq", **kwargs)
         assert found is not None
         return found
 
-    def lq(self, name: str, **kwargs: int) -> dict[str, Any]:
+    def lq(self, name: str, **kwargs: Any) -> dict[str, Any]:
         found = pending_in_local_queue(self.scheduler, self.objects, "team", name, **kwargs)
         assert found is not None
         return found
@@ -159,6 +161,19 @@ def test_summary_and_items_have_kueues_shape(world: World) -> None:
     }
     assert first["phalanxExplanation"]["reason"] == "WaitingForQuota"
     assert "cpu" in first["phalanxExplanation"]["message"]
+
+
+def test_v1beta1_is_v1beta2_but_for_its_api_version(world: World) -> None:
+    """Kueue's two versions share one storage and field-for-field the same types."""
+    for kwargs in ({}, {"limit": 2, "offset": 1}):
+        v2, v1 = world.cq(**kwargs), world.cq(version="v1beta1", **kwargs)
+        assert v1["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
+        assert v2["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta2"
+        assert {**v1, "apiVersion": None} == {**v2, "apiVersion": None}
+        assert names(v1)  # not two empty pages
+    v1_lq = world.lq("b", version="v1beta1")
+    assert v1_lq["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
+    assert v1_lq["items"] == world.lq("b")["items"]
 
 
 def test_positions_in_cluster_and_local_queues(world: World) -> None:
@@ -477,6 +492,24 @@ def test_server_answers_an_allowed_user_through_the_front_proxy(
                 user="admin",
             )
             assert code == 400
+            # v1beta1: the same answer in its version, reviewed as a v1beta1 request
+            code, body = await _get(
+                server.port,
+                f"{BASE_V1BETA1}/namespaces/team/localqueues/a/pendingworkloads?limit=1&offset=1",
+                cert=pki["proxy"],
+            )
+            assert code == 200 and names(body) == ["w2"], body
+            assert body["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
+            assert body["items"][0]["positionInLocalQueue"] == 1
+            assert reviews.reviews[-1]["resourceAttributes"]["version"] == "v1beta1"
+            code, body = await _get(
+                server.port,
+                f"{BASE_V1BETA1}/clusterqueues/cq/pendingworkloads",
+                cert=pki["proxy"],
+                user="admin",
+            )
+            assert code == 200 and names(body) == ["w0", "w1", "w2", "w3", "w5"]
+            assert body["apiVersion"] == "visibility.kueue.x-k8s.io/v1beta1"
         finally:
             await server.stop()
 
@@ -512,9 +545,22 @@ def test_server_refuses_with_403(pki: dict[str, Any], world: World) -> None:
             # A certificate of another CA does not even complete the handshake
             with pytest.raises(aiohttp.ClientError):
                 await _get(server.port, cq, cert=pki["rogue"], user="admin")
-            # Discovery: the front proxy only
-            code, _ = await _get(server.port, BASE, cert=None)
+            # v1beta1 is reviewed as v1beta2 is: RBAC says no, and no front proxy, no user
+            code, _ = await _get(
+                server.port,
+                f"{BASE_V1BETA1}/namespaces/team/localqueues/b/pendingworkloads",
+                cert=pki["proxy"],
+            )
             assert code == 403
+            asked = len(reviews.reviews)
+            code, _ = await _get(
+                server.port, f"{BASE_V1BETA1}/clusterqueues/cq/pendingworkloads", cert=None
+            )
+            assert code == 403 and len(reviews.reviews) == asked
+            # Discovery: the front proxy only
+            for base in (BASE, BASE_V1BETA1):
+                code, _ = await _get(server.port, base, cert=None)
+                assert code == 403
         finally:
             await server.stop()
 
@@ -535,15 +581,26 @@ def test_discovery_documents(pki: dict[str, Any], world: World) -> None:
                 server.port, "/apis/visibility.kueue.x-k8s.io", cert=pki["proxy"], user=None
             )
             assert code == 200 and group["kind"] == "APIGroup"
-            code, resources = await _get(server.port, BASE, cert=pki["proxy"], user=None)
-            assert code == 200 and resources == api_resource_list()
-            got = {r["name"]: (r["namespaced"], r["verbs"]) for r in resources["resources"]}
-            assert got == {
-                "clusterqueues": (False, []),
-                "clusterqueues/pendingworkloads": (False, ["get"]),
-                "localqueues": (True, []),
-                "localqueues/pendingworkloads": (True, ["get"]),
+            # Both versions, v1beta2 preferred and first, as Kueue's PrioritizedVersions
+            assert group["versions"] == [
+                {"groupVersion": "visibility.kueue.x-k8s.io/v1beta2", "version": "v1beta2"},
+                {"groupVersion": "visibility.kueue.x-k8s.io/v1beta1", "version": "v1beta1"},
+            ]
+            assert group["preferredVersion"]["version"] == "v1beta2"
+            assert groups["groups"][0] == {
+                k: v for k, v in group.items() if k in groups["groups"][0]
             }
+            for version, base in (("v1beta2", BASE), ("v1beta1", BASE_V1BETA1)):
+                code, resources = await _get(server.port, base, cert=pki["proxy"], user=None)
+                assert code == 200 and resources == api_resource_list(version)
+                assert resources["groupVersion"] == f"visibility.kueue.x-k8s.io/{version}"
+                got = {r["name"]: (r["namespaced"], r["verbs"]) for r in resources["resources"]}
+                assert got == {
+                    "clusterqueues": (False, []),
+                    "clusterqueues/pendingworkloads": (False, ["get"]),
+                    "localqueues": (True, []),
+                    "localqueues/pendingworkloads": (True, ["get"]),
+                }
             # A standby: 503, to retry
             code, body = await _get(
                 server.port,
