@@ -181,12 +181,16 @@ def test_a_30s_database_outage_loses_nothing_and_scheduling_goes_on(
         postgres.stop()
         down_at = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
         seen_down = seen_backlog = 0.0
+        unavailable: dict[str, Any] | None = None
         outage_end = time.monotonic() + 30
         while time.monotonic() < outage_end:
             text_ = scrape(op.metrics_url)
             if metric_sum(text_, "phalanx_store_up") == 0:
                 seen_down = 1
             seen_backlog = max(seen_backlog, metric_sum(text_, "phalanx_store_backlog_events"))
+            store = _store_condition(cluster, burst.queues[0])
+            if store is not None and store["status"] == "False":
+                unavailable = store
             time.sleep(1)
         up_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         # Scheduling went on without the database: Workloads were admitted during the outage.
@@ -198,10 +202,20 @@ def test_a_30s_database_outage_loses_nothing_and_scheduling_goes_on(
         assert len(during) >= 3, f"{len(during)} admissions during the outage\n{op.log_tail()}"
         assert seen_down == 1, "phalanx_store_up never showed the outage"
         assert seen_backlog > 0, "no backlog was visible while the database was down"
+        # Each ClusterQueue says so too, once writes have failed for a while.
+        assert unavailable is not None, "HistoryStoreAvailable never turned False"
+        assert unavailable["reason"] == "StoreUnavailable"
+        assert "scheduling goes on" in unavailable["message"]
         postgres.start()
         burst.wait_complete(timeout=300)
         assert op.alive(), op.log_tail()
         _assert_counted_once(cluster, burst, url, op)
+        deadline = time.monotonic() + 30
+        while (store := _store_condition(cluster, burst.queues[1])) is None or store[
+            "status"
+        ] != "True":
+            assert time.monotonic() < deadline, f"HistoryStoreAvailable stays {store}"
+            time.sleep(0.5)
         assert "event=store_write_failed" in op.log_text()
     finally:
         if op is not None:
@@ -209,6 +223,14 @@ def test_a_30s_database_outage_loses_nothing_and_scheduling_goes_on(
         burst.teardown()
         with contextlib.suppress(PostgresUnavailable):  # already up unless it failed mid-outage
             postgres.start()
+
+
+def _store_condition(cluster: ClusterHandle, cluster_queue: str) -> dict[str, Any] | None:
+    cq = json.loads(cluster.kubectl_ok("get", "clusterqueues", cluster_queue, "-o", "json"))
+    for condition in (cq.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "HistoryStoreAvailable":
+            return dict(condition)
+    return None
 
 
 def _reserved(cluster: ClusterHandle, namespace: str) -> int:

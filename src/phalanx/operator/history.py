@@ -27,6 +27,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -37,7 +38,19 @@ from phalanx.store import db, quotas
 from phalanx.store import events as ev
 from phalanx.store.models import WorkloadEvent
 
-__all__ = ["HistoryRecorder"]
+__all__ = ["UNAVAILABLE_AFTER_SECONDS", "HistoryRecorder", "StoreHealth"]
+
+UNAVAILABLE_AFTER_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """The store's state as a condition says it."""
+
+    ok: bool
+    reason: str
+    message: str
+
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +102,14 @@ class HistoryRecorder:
         self._cluster_queues: dict[str, dict[str, Any]] = {}
         """ClusterQueue name -> its last object, for the deletion version."""
         self._names: dict[str, dict[str, Any]] = {}
+        self._signatures: dict[str, tuple[Any, ...]] = {}
+        """Workload key -> ``events.signature`` of the version last derived."""
         """Workload key -> its last object, for the deletion event (the feed sends None)."""
         self._active = False
+        self._failing_since: float | None = None
+        """Monotonic time of the first failed write since the last that succeeded."""
+        self._failing_at = self._clock()
+        """The same, naive UTC (for the condition's message)."""
         self._resync_needed = False
         self._migrated = False
         self._wake = asyncio.Event()
@@ -133,6 +152,27 @@ class HistoryRecorder:
     def backlog(self) -> int:
         return len(self._backlog)
 
+    def health(self, *, now: float | None = None) -> StoreHealth:
+        """Whether the store takes writes, for the ClusterQueues' ``HistoryStoreAvailable``
+        condition: unavailable once writes have failed for :data:`UNAVAILABLE_AFTER_SECONDS`
+        (one failed write that the next retry fixes is not worth a status write per queue)."""
+        since = self._failing_since
+        now = time.monotonic() if now is None else now
+        if since is None or now - since < UNAVAILABLE_AFTER_SECONDS:
+            return StoreHealth(True, "Writing", "the usage history store takes writes")
+        lost = " (some events were dropped: filled from the API's state once it is back)"
+        # Nothing in it changes while the outage lasts: one status write per queue per outage.
+        return StoreHealth(
+            False,
+            "StoreUnavailable",
+            "writes to the usage history store have failed since"
+            f" {self._failing_at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+            + (lost if self._resync_needed else "")
+            + "; scheduling goes on, but usage reports, budgets and fair-sharing history lag"
+            " until it is back (phalanx_store_up, phalanx_store_backlog_events, the operator's"
+            " log)",
+        )
+
     # -- the feed (on the event loop, cheap) --------------------------------------------------
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
@@ -167,12 +207,17 @@ class HistoryRecorder:
 
     def _derive(self, key: str, obj: dict[str, Any] | None) -> None:
         if obj is None:
+            self._signatures.pop(key, None)
             last = self._names.pop(key, None)
             deleted = ev.deleted_event(last, at=self._clock()) if last is not None else None
             if deleted is not None:
                 self._enqueue([deleted])
             return
         self._names[key] = {"metadata": obj.get("metadata"), "spec": obj.get("spec")}
+        signature = ev.signature(obj)
+        if self._signatures.get(key) == signature:
+            return  # no transition changed (a status write): the same events as last time
+        self._signatures[key] = signature
         self._enqueue(ev.events_of(obj))
 
     def _enqueue(self, events: list[ev.Event]) -> None:
@@ -228,10 +273,14 @@ class HistoryRecorder:
                 while self._backlog:
                     await self.flush_once()
                 self.up.set(1)
+                self._failing_since = None
                 backoff = self.flush_interval
             except Exception as error:  # the database, never the scheduler: retry later
                 self.errors_total.inc()
                 self.up.set(0)
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                    self._failing_at = self._clock()
                 logger.warning(
                     "event=store_write_failed error=%r backlog=%d retry_in=%.1f",
                     error,

@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from phalanx.admission.records import Entry, Phase
 from phalanx.admission.scheduler import ClusterQueueStatus, Scheduler
 from phalanx.operator import conditions as cond
 from phalanx.operator.afs import status_of as afs_status_of
+from phalanx.operator.history import StoreHealth
 from phalanx.operator.kube import CLUSTER_QUEUES, LOCAL_QUEUES, ApiError, KubeApi, Resource
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.retry import TRANSIENT_ERRORS
@@ -32,7 +33,17 @@ from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import APPLY_PATCH, FIELD_MANAGER
 from phalanx.quotas.quantity import format_quantity
 
-__all__ = ["LocalQueueCounts", "QueueStatus", "cluster_queue_status", "local_queue_counts"]
+__all__ = [
+    "STORE_CONDITION",
+    "LocalQueueCounts",
+    "QueueStatus",
+    "cluster_queue_status",
+    "local_queue_counts",
+]
+
+STORE_CONDITION = "HistoryStoreAvailable"
+"""A ClusterQueue condition Phalanx adds when it writes a usage history store."""
+_STORE = "store"
 
 logger = logging.getLogger(__name__)
 
@@ -310,6 +321,9 @@ class QueueStatus:
         # blank columns until it is written), not after the batching interval.
         self._new_queue = False
         self._wake = asyncio.Event()
+        self.store_health: Callable[[], StoreHealth] | None = None
+        """The usage history store's health, when the operator writes one: each
+        ClusterQueue's ``HistoryStoreAvailable`` condition says it."""
         state.subscribe(self._on_change)
 
     def _on_change(self, kind: str, key: str, obj: dict[str, Any] | None) -> None:
@@ -355,6 +369,7 @@ class QueueStatus:
             if name in scheduler.queues
         }
         flavors = {name: _spec_flavors(cq) for name, cq in cluster_queues.items()}
+        store = self.store_health() if self.store_health is not None else None
         for name, cq in cluster_queues.items():
             st = statuses.get(name)
             snapshot[("ClusterQueue", name)] = cluster_queue_status(
@@ -364,6 +379,8 @@ class QueueStatus:
                 status=st,
                 flavors=flavors[name],
             )
+            if store is not None:
+                snapshot[("ClusterQueue", name)][_STORE] = store
             self._metrics(scheduler, name, cq, st, flavors[name])
         self.counts.refresh(scheduler, now=now)
         local: dict[str, tuple[tuple[object, ...], dict[str, Any]]] = {}
@@ -494,19 +511,31 @@ class QueueStatus:
         if current is None:
             return False
         active_status, reason, message = status["active"]
+        now_ms = int(time.time() * 1000)
+        store: StoreHealth | None = status.get(_STORE)
+        owned = ("Active", STORE_CONDITION) if store is not None else ("Active",)
         conditions = cond.set_condition(
             [
                 c
                 for c in (current.get("status") or {}).get("conditions") or ()
-                if c.get("type") == "Active"
+                if c.get("type") in owned
             ],
             "Active",
             status=active_status == "True",
             reason=reason,
             message=message,
-            now_ms=int(time.time() * 1000),
+            now_ms=now_ms,
         )
-        body_status = {k: v for k, v in status.items() if k != "active"}
+        if store is not None:
+            conditions = cond.set_condition(
+                conditions,
+                STORE_CONDITION,
+                status=store.ok,
+                reason=store.reason,
+                message=store.message,
+                now_ms=now_ms,
+            )
+        body_status = {k: v for k, v in status.items() if k not in ("active", _STORE)}
         body_status["conditions"] = conditions
         resource: Resource = CLUSTER_QUEUES if kind == "ClusterQueue" else LOCAL_QUEUES
         namespace, _, name = key.rpartition("/")

@@ -426,6 +426,8 @@ class PhalanxOperator:
             if self.config.store_url
             else None
         )
+        if self.history is not None:
+            self.queue_status.store_health = self.history.health
         self._components = [
             c
             for c in (

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, insert, inspect, select
 from sqlalchemy.orm import Session
 from store_builders import condition, workload
 
@@ -104,7 +104,7 @@ def test_a_second_writer_racing_on_the_same_keys_keeps_one_row(engine: db.Engine
     # The batch's existence check is by key; a row inserted by another writer in between
     # fails the batch on the unique key, which then goes one event at a time.
     with Session(engine) as session, session.begin():
-        session.add(db._row(events[1]))
+        session.execute(insert(WorkloadEvent), [db._values(events[1])])
     assert db.write_events(engine, events) == 1
     assert _count(engine) == 3
 

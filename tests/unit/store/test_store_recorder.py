@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from store_builders import condition, workload
 
-from phalanx.operator.history import HistoryRecorder
+from phalanx.operator.history import UNAVAILABLE_AFTER_SECONDS, HistoryRecorder
 from phalanx.operator.state import ClusterState
 from phalanx.store import db
 from phalanx.store.models import QuotaAmount, QuotaVersion, WorkloadEvent
@@ -104,8 +104,17 @@ def test_an_outage_keeps_a_bounded_backlog_then_fills_the_gap_from_the_state(
         assert recorder.up._value.get() == 0
         assert recorder.backlog == 4, "bounded: the newest events were dropped"
         assert recorder.dropped_total._value.get() == 16
+        # The ClusterQueues' HistoryStoreAvailable condition: not for one failed write, but
+        # once writes have failed for a while; its message stays the same while it lasts.
+        assert recorder.health().ok
+        later = time.monotonic() + UNAVAILABLE_AFTER_SECONDS
+        health = recorder.health(now=later)
+        assert not health.ok and health.reason == "StoreUnavailable"
+        assert "scheduling goes on" in health.message and "dropped" in health.message
+        assert recorder.health(now=later + 30) == health
         down = False
         await _until(lambda: recorder.backlog == 0 and recorder.up._value.get() == 1)
+        assert recorder.health(now=later + 60).ok
 
     recorder = _run(url, script, max_backlog=4)
     stored = _stored(url)
