@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "PREEMPTIBLE_NOTE",
+    "PREEMPTIBLE_RANK",
     "Budget",
     "BudgetLedger",
     "Exceeded",
@@ -36,6 +38,9 @@ __all__ = [
 ]
 
 HOUR_MS = 3_600_000
+PREEMPTIBLE_NOTE = "admitted preemptible"
+"""Ends the message of a workload admitted over a ``Preemptible`` budget (its QuotaReserved
+condition carries it, and a restarted scheduler reads it back from there)."""
 
 
 class ScopeKind(enum.StrEnum):
@@ -45,6 +50,14 @@ class ScopeKind(enum.StrEnum):
 
 class WhenExceeded(enum.StrEnum):
     WAIT = "Wait"
+    """Its workloads wait out of the queue until the window resets."""
+    PREEMPTIBLE = "Preemptible"
+    """Its workloads are admitted, but preemptible: ranked below every priority when another
+    workload looks for victims (:data:`PREEMPTIBLE_RANK`)."""
+
+
+PREEMPTIBLE_RANK = -(2**63)
+"""The priority a workload admitted over a ``Preemptible`` budget counts with as a victim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +100,14 @@ class Exceeded:
     def message(self) -> str:
         b = self.budget
         start, end = self.window
-        return (
+        used = (
             f"{b.label} used {format_hours(self.used_hours)} of its"
             f" {format_hours(b.resource_hours)} {b.resource}-hours for the window"
-            f" {format_time(start)}..{format_time(end)}; waits until it resets"
+            f" {format_time(start)}..{format_time(end)}"
         )
+        if b.when_exceeded == WhenExceeded.PREEMPTIBLE:
+            return f"{used}; {PREEMPTIBLE_NOTE} until it resets"
+        return f"{used}; waits until it resets"
 
 
 def format_hours(hours: float) -> str:
@@ -211,12 +227,19 @@ class BudgetLedger:
         self._roll(budget, account, now)
         return (account.closed + account.running(now)) / HOUR_MS
 
-    def exceeded(self, *, local_queue: str, cluster_queue: str | None, now: int) -> Exceeded | None:
-        """The first budget covering the scope that is used up at ``now`` (the one whose
-        window resets last when several are), or None."""
+    def exceeded(
+        self,
+        *,
+        local_queue: str,
+        cluster_queue: str | None,
+        now: int,
+        when: WhenExceeded = WhenExceeded.WAIT,
+    ) -> Exceeded | None:
+        """The first budget with ``when`` covering the scope that is used up at ``now`` (the
+        one whose window resets last when several are), or None."""
         found: Exceeded | None = None
         for index, budget in enumerate(self.budgets):
-            if not budget.covers(local_queue, cluster_queue):
+            if budget.when_exceeded != when or not budget.covers(local_queue, cluster_queue):
                 continue
             used = self.used_hours(index, now)
             if used >= budget.resource_hours:

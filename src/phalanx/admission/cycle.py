@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from phalanx.admission import explaining, ordering, placing, routing, stopping
+from phalanx.admission.budgets import WhenExceeded
 from phalanx.admission.decisions import (
     Admit,
     CycleResult,
@@ -109,6 +110,13 @@ def _waits_for_budget(s: Scheduler, state: ClusterQueueState, entry: Entry) -> b
         return False
     over = s.budgets.exceeded(local_queue=entry.local_queue, cluster_queue=state.name, now=s.now)
     if over is None:
+        preemptible = s.budgets.exceeded(
+            local_queue=entry.local_queue,
+            cluster_queue=state.name,
+            now=s.now,
+            when=WhenExceeded.PREEMPTIBLE,
+        )
+        entry.over_budget = "" if preemptible is None else preemptible.message
         return False
     state.queue.pop(entry)
     entry.where = Where.BUDGET
@@ -156,7 +164,7 @@ def _admit_ready_claims(s: Scheduler, out: _Out) -> None:
         entry.admitted_at = out.now
         _admitted_now(s, entry, out)
         assert entry.admission is not None
-        out.admitted.append(Admit(entry.key, entry.admission, out.now))
+        out.admitted.append(Admit(entry.key, entry.admission, out.now, entry.over_budget))
 
 
 def _back_to_queue(s: Scheduler, entry: Entry, reason: PendingReason, message: str) -> None:
@@ -474,7 +482,7 @@ def _admit(
     entry.admitted_at = out.now
     _admitted_now(s, entry, out)
     assert entry.admission is not None
-    out.admitted.append(Admit(entry.key, entry.admission, out.now))
+    out.admitted.append(Admit(entry.key, entry.admission, out.now, entry.over_budget))
 
 
 def _admitted_now(s: Scheduler, entry: Entry, out: _Out) -> None:

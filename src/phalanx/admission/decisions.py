@@ -165,6 +165,9 @@ class Admit:
     workload: str
     admission: Admission
     time: int
+    over_budget: str = ""
+    """Admitted over a ``Preemptible`` budget: that budget's message (the workload may be
+    preempted by any workload allowed to preempt in its ClusterQueue)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ Kueue's classic preemption (``pkg/scheduler/preemption``):
    for: in its own ClusterQueue those allowed by ``withinClusterQueue``; in other
    ClusterQueues of the cohort tree, those of queues borrowing that resource, allowed by
    ``reclaimWithinCohort``. They are ordered: other queues first, lower priority first,
-   most recently admitted first.
+   most recently admitted first. A workload admitted over a ``Preemptible`` budget (Phalanx's
+   usage budgets) counts with a priority below every other (``Entry.victim_priority``).
 2. Candidates are removed from the quota tree one by one until the preemptor fits; then,
    in reverse order, each is added back if the preemptor still fits without it. What is
    left is the victim set.
@@ -131,7 +132,7 @@ class _Search:
                         continue
                     reason = PreemptionReason.IN_COHORT_RECLAMATION
                     if threshold is not None:
-                        if cand.priority >= threshold:
+                        if cand.victim_priority >= threshold:
                             # A victim above the threshold means reclaiming, not borrowing.
                             allow_borrowing = False
                         else:
@@ -178,15 +179,15 @@ def _candidates(
     if within != PreemptionPolicy.NEVER:
         newer_equal = within == PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
         for cand in cq.running(before_cycle=cycle):
-            if cand.priority > priority:
+            if cand.victim_priority > priority:
                 continue
-            if cand.priority == priority and not (
+            if cand.victim_priority == priority and not (
                 newer_equal and preemptor.order_time < cand.order_time
             ):
                 continue
             if not any(fr in cand.usage for fr in frs):
                 continue
-            found.append((1, cand.priority, -cand.admitted_at, -cand.seq, cand))
+            found.append((1, cand.victim_priority, -cand.admitted_at, -cand.seq, cand))
     reclaim = policy.reclaim_within_cohort
     if include_cohort and cq.node.parent is not None and reclaim != PreemptionPolicy.NEVER:
         only_lower = reclaim == PreemptionPolicy.LOWER_PRIORITY
@@ -198,11 +199,11 @@ def _candidates(
             if other is None:
                 continue
             for cand in other.running(before_cycle=cycle):
-                if only_lower and cand.priority >= priority:
+                if only_lower and cand.victim_priority >= priority:
                     continue
                 if not any(fr in cand.usage for fr in frs):
                     continue
-                found.append((0, cand.priority, -cand.admitted_at, -cand.seq, cand))
+                found.append((0, cand.victim_priority, -cand.admitted_at, -cand.seq, cand))
     found.sort(key=lambda item: item[:4])
     return [item[4] for item in found]
 
@@ -269,7 +270,7 @@ def find_targets(
             threshold = limit + 1
         if not _under_nominal(cq, frs, pledged):
             candidates = [
-                c for c in candidates if c.cluster_queue == cq.name or c.priority < threshold
+                c for c in candidates if c.cluster_queue == cq.name or c.victim_priority < threshold
             ]
         return search.minimal(candidates, allow_borrowing=True, threshold=threshold)
     if _under_nominal(cq, frs, pledged):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable
 
+from phalanx.admission.budgets import PREEMPTIBLE_RANK
 from phalanx.admission.decisions import Explanation
 from phalanx.admission.model import Admission, Workload
 from phalanx.quotas.resources import FlavorResource
@@ -82,6 +83,7 @@ class Entry:
         "key",
         "local_queue",
         "order_time",
+        "over_budget",
         "phase",
         "priority",
         "queue_class",
@@ -126,9 +128,19 @@ class Entry:
         self.requeue_count = 0
         self.requeue_at = 0
         self.explanation: Explanation | None = None
+        # Admitted (or to be) over a Preemptible budget: that budget's message. As a victim it
+        # ranks below every priority (``budgets.PREEMPTIBLE_RANK``).
+        self.over_budget = ""
         # (ClusterQueue spec, usage if every resource got its group's first flavor): the
         # scheduler's cheap ordering estimate, valid while that spec object is current.
         self.estimate: tuple[object, dict[FlavorResource, int]] | None = None
 
     def __repr__(self) -> str:
         return f"<Entry {self.key} {self.phase.name} prio={self.priority}>"
+
+    @property
+    def victim_priority(self) -> int:
+        """The priority it counts with as a preemption victim: its own, or below every
+        priority when admitted over a ``Preemptible`` budget (set before it is admitted and
+        kept while it is: the ClusterQueue's counts by priority rely on that)."""
+        return PREEMPTIBLE_RANK if self.over_budget else self.priority

@@ -132,6 +132,9 @@ class Scheduler:
             BudgetLedger(self.config.budgets) if self.config.budgets else None
         )
         """Resource-time per budget, None without budgets."""
+        self._orphans_over_budget: dict[str, str] = {}
+        """Orphans (``restore_admitted`` before their ClusterQueue) admitted over a
+        Preemptible budget."""
         self.budget_waits: list[tuple[int, int, Entry]] = []
         """(window end, sequence, entry): workloads waiting for a used-up budget to reset."""
         self._fair_local_queues: list[str] | None = None
@@ -199,7 +202,8 @@ class Scheduler:
         routing.refresh_active(self, state)
         routing.reroute_held(self)
         for workload, admission in self.books.orphans_of(spec.name):
-            self.restore_admitted(workload, admission)
+            over_budget = self._orphans_over_budget.pop(workload.key, "")
+            self.restore_admitted(workload, admission, over_budget=over_budget)
 
     def delete_cluster_queue(self, name: str) -> None:
         state = self.queues.get(name)
@@ -390,11 +394,16 @@ class Scheduler:
         delay = self.config.backoff_base_ms * (2 ** (count - 1))
         return count, now + min(delay, self.config.backoff_max_ms)
 
-    def restore_admitted(self, workload: Workload, admission: Admission) -> None:
-        """After a restart: ``workload`` is already admitted; count it without a cycle."""
+    def restore_admitted(
+        self, workload: Workload, admission: Admission, *, over_budget: str = ""
+    ) -> None:
+        """After a restart: ``workload`` is already admitted; count it without a cycle.
+        ``over_budget``: it was admitted over a ``Preemptible`` budget (that message)."""
         state = self.queues.get(admission.cluster_queue)
         if state is None:
             self.books.park_orphan(workload, admission)
+            if over_budget:
+                self._orphans_over_budget[workload.key] = over_budget
             return
         old = self.entries.get(workload.key)
         if old is not None:
@@ -403,6 +412,7 @@ class Scheduler:
         entry = Entry(workload, priority=self._priority_of(workload), seq=self._seq)
         self._put(entry)
         entry.admitted_at = self.now
+        entry.over_budget = over_budget
         self.books.admit(entry, state, admission)
         self.budget_started(entry, self.now)
 

@@ -64,18 +64,18 @@ class ClusterQueueState:
 
     def add_admitted(self, entry: Entry) -> None:
         self.admitted[entry.key] = entry
-        self.admitted_by_priority[entry.priority] = (
-            self.admitted_by_priority.get(entry.priority, 0) + 1
+        self.admitted_by_priority[entry.victim_priority] = (
+            self.admitted_by_priority.get(entry.victim_priority, 0) + 1
         )
 
     def remove_admitted(self, entry: Entry) -> None:
         if self.admitted.pop(entry.key, None) is None:
             return
-        left = self.admitted_by_priority.get(entry.priority, 0) - 1
+        left = self.admitted_by_priority.get(entry.victim_priority, 0) - 1
         if left > 0:
-            self.admitted_by_priority[entry.priority] = left
+            self.admitted_by_priority[entry.victim_priority] = left
         else:
-            self.admitted_by_priority.pop(entry.priority, None)
+            self.admitted_by_priority.pop(entry.victim_priority, None)
 
     def running(self, *, before_cycle: int | None = None) -> Iterator[Entry]:
         """Admitted workloads not already being evicted; with ``before_cycle``, only those

@@ -13,11 +13,12 @@ Restart rule: a Workload that holds ``status.admission`` with ``QuotaReserved=Tr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.admission import model as core
+from phalanx.admission.budgets import PREEMPTIBLE_NOTE
 from phalanx.admission.records import Phase
 from phalanx.admission.scheduler import Scheduler
 from phalanx.api import convert
@@ -266,7 +267,9 @@ class CoreBridge:
                 self._generation[key] = (uid, generation)
                 return
             if reserved:
-                self._restore(key, workload, status["admission"])
+                self._restore(
+                    key, workload, status["admission"], over_budget=_over_budget(conditions)
+                )
                 result.restored.append(key)
                 if cond.is_true(conditions, cond.EVICTED):
                     evicted = cond.condition(conditions, cond.EVICTED) or {}
@@ -291,7 +294,14 @@ class CoreBridge:
             s.workload_evicted(key, now=now_ms)
             result.evicted_elsewhere.append(key)
 
-    def _restore(self, key: str, workload: core.Workload, admission: Mapping[str, Any]) -> None:
+    def _restore(
+        self,
+        key: str,
+        workload: core.Workload,
+        admission: Mapping[str, Any],
+        *,
+        over_budget: str = "",
+    ) -> None:
         restored = convert.admission_from_status(admission)
         requests = {ps.name: ps.requests for ps in workload.pod_sets}
         by_flavor: dict[str, list[tuple[Mapping[str, int], Mapping[str, Any]]]] = {}
@@ -305,7 +315,7 @@ class CoreBridge:
                     )
         for flavor, pod_sets in by_flavor.items():
             self.oracle.restore(key=key, flavor=flavor, pod_sets=pod_sets)
-        self.scheduler.restore_admitted(workload, restored)
+        self.scheduler.restore_admitted(workload, restored, over_budget=over_budget)
         logger.info(
             "event=workload_restored workload=%s cluster_queue=%s", key, restored.cluster_queue
         )
@@ -336,3 +346,13 @@ def _fingerprint(kind: str, obj: Mapping[str, Any] | None) -> object:
         metadata.get("generation"),
         bool(metadata.get("deletionTimestamp")),
     )
+
+
+def _over_budget(conditions: Sequence[Mapping[str, Any]] | None) -> str:
+    """The budget message a Workload admitted over a Preemptible budget carries at the end of
+    its QuotaReserved message (written at admission: the only record of it a restarted
+    scheduler has), or ''."""
+    reserved = cond.condition(conditions, cond.QUOTA_RESERVED) or {}
+    message = str(reserved.get("message") or "")
+    _, _, note = message.partition("; ")
+    return note if note.endswith(f"{PREEMPTIBLE_NOTE} until it resets") else ""

@@ -8,11 +8,12 @@ A list beside Kueue's Configuration fields, each item one budget::
       resourceHours: 400               # the limit per window, in resource-hours (0 or more)
       period: 168h                     # a Go duration, above 0
       periodStart: "2026-11-30T00:00:00Z"   # optional RFC 3339 anchor; default the Unix epoch
-      whenExceeded: Wait               # the only mode (the default)
+      whenExceeded: Wait               # or Preemptible (default Wait)
 
 Windows are ``period`` long, aligned to ``periodStart`` (before or after it alike). Problems are
 reported as ``budgets[2].period: ...``; a second budget for the same scope and resource is
-refused. ``whenExceeded: Preemptible`` is refused: Phalanx does not implement it.
+refused. ``whenExceeded``: ``Wait`` (the default; workloads wait for the window to reset) or
+``Preemptible`` (admitted, but first in line to be preempted; ``phalanx.admission.budgets``).
 """
 
 from __future__ import annotations
@@ -73,13 +74,11 @@ def parse_budgets(raw: Any, problems: list[str]) -> tuple[Budget, ...]:
                 problems.append(f"{where}.period: must be above 0, got {item.get('period')!r}")
         anchor_ms = _anchor(item.get("periodStart"), f"{where}.periodStart", problems)
         mode = item.get("whenExceeded", WhenExceeded.WAIT.value)
-        if mode == "Preemptible":
+        modes = [m.value for m in WhenExceeded]
+        if mode not in modes:
             problems.append(
-                f"{where}.whenExceeded: Preemptible is not implemented by Phalanx;"
-                " use Wait (the default)"
+                f"{where}.whenExceeded: must be one of {', '.join(modes)}, got {mode!r}"
             )
-        elif mode != WhenExceeded.WAIT.value:
-            problems.append(f"{where}.whenExceeded: must be Wait, got {mode!r}")
         if len(problems) > before or kind is None:
             continue
         assert isinstance(resource, str) and isinstance(hours, int | float)
@@ -98,6 +97,7 @@ def parse_budgets(raw: Any, problems: list[str]) -> tuple[Budget, ...]:
                 resource_hours=float(hours),
                 period_ms=period_ms,
                 anchor_ms=anchor_ms,
+                when_exceeded=WhenExceeded(mode),
             )
         )
     return tuple(found)

@@ -135,14 +135,21 @@ def pending(
 
 
 def admitted(
-    conditions: Sequence[Mapping[str, Any]] | None, *, cluster_queue: str, now_ms: int
+    conditions: Sequence[Mapping[str, Any]] | None,
+    *,
+    cluster_queue: str,
+    now_ms: int,
+    note: str = "",
 ) -> list[Condition]:
+    """QuotaReserved and Admitted; ``note`` ends QuotaReserved's message (a workload admitted
+    over a Preemptible budget: the budget's message)."""
+    message = f"Quota reserved in ClusterQueue {cluster_queue}"
     out = set_condition(
         conditions,
         QUOTA_RESERVED,
         status=True,
         reason="QuotaReserved",
-        message=f"Quota reserved in ClusterQueue {cluster_queue}",
+        message=f"{message}; {note}" if note else message,
         now_ms=now_ms,
     )
     out = set_condition(

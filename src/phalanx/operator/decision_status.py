@@ -69,6 +69,7 @@ def admission_status(
                 owned_conditions(current),
                 cluster_queue=admit.admission.cluster_queue,
                 now_ms=now,
+                note=admit.over_budget,
             ),
             "admission": admission,
         }

@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 from core_builders import MakeClusterQueue, MakeFlavorQuotas, MakeWorkload, admitted_names, flavor
 
-from phalanx.admission.budgets import Budget, BudgetLedger, ScopeKind, format_hours, format_time
+from phalanx.admission.budgets import (
+    Budget,
+    BudgetLedger,
+    ScopeKind,
+    WhenExceeded,
+    format_hours,
+    format_time,
+)
 from phalanx.admission.decisions import PendingReason
-from phalanx.admission.model import LocalQueue
+from phalanx.admission.model import LocalQueue, PreemptionPolicy
 from phalanx.admission.records import Where
 from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 
@@ -213,3 +220,88 @@ def test_ledger_sums_equal_the_overlaps_counted_one_by_one(seed: int) -> None:
         for start, amount in held.values():
             want += amount * max(0, now - max(start, since))
         assert ledger.used_hours(0, now) == pytest.approx(want / HOUR, rel=1e-9, abs=1e-9)
+
+
+def _preempting_scheduler(*budgets: Budget) -> Scheduler:
+    """One 4-GPU ClusterQueue whose workloads preempt lower priorities in it."""
+    s = Scheduler(config=SchedulerConfig(budgets=budgets))
+    s.apply_resource_flavor(flavor("default"))
+    s.apply_cluster_queue(
+        MakeClusterQueue("cq")
+        .resource_group(MakeFlavorQuotas("default").resource(GPU, 4))
+        .preemption(within=PreemptionPolicy.LOWER_PRIORITY)
+        .obj()
+    )
+    s.apply_local_queue(LocalQueue("default", "a", "cq"))
+    s.apply_local_queue(LocalQueue("default", "b", "cq"))
+    s.set_namespace("default", {})
+    return s
+
+
+def _victims(decisions: object) -> list[str]:
+    return sorted(v.workload for p in getattr(decisions, "preempted", ()) for v in p.victims)
+
+
+def test_over_a_preemptible_budget_is_admitted_and_preempted_first() -> None:
+    """LocalQueue a used up its Preemptible budget: its next workload is admitted (nothing
+    waits), says so, and ranks below every priority as a victim: b's lower-priority
+    workload preempts it, not a's high-priority one admitted under budget."""
+    s = _preempting_scheduler(_budget(resource_hours=2.0, when_exceeded=WhenExceeded.PREEMPTIBLE))
+    s.add_workload(MakeWorkload("early").queue("a").request(GPU, 2).priority(100).obj())
+    assert admitted_names(s.run_cycle(0)) == ["early"]
+    s.add_workload(MakeWorkload("late").queue("a").request(GPU, 2).priority(100).created(1).obj())
+    out = s.run_cycle(HOUR)  # 2 GPU-hours used of 2: over budget
+    assert admitted_names(out) == ["late"]
+    (admit,) = out.admitted
+    assert admit.over_budget.endswith("; admitted preemptible until it resets")
+    assert admit.over_budget.startswith("LocalQueue default/a used 2.0 of its 2.0")
+    assert [a.over_budget for a in s.run_cycle(HOUR).admitted] == []
+    # b's priority-10 workload needs 2 GPUs: the over-budget one goes, priority 100 or not.
+    s.add_workload(MakeWorkload("low").queue("b").request(GPU, 2).priority(10).created(2).obj())
+    assert _victims(s.run_cycle(HOUR + 1)) == ["default/late"]
+
+
+def test_under_budget_workloads_keep_their_priority_as_victims() -> None:
+    """The same without a budget exceeded: the priority-10 workload preempts nobody."""
+    s = _preempting_scheduler(_budget(resource_hours=100.0, when_exceeded=WhenExceeded.PREEMPTIBLE))
+    s.add_workload(MakeWorkload("early").queue("a").request(GPU, 2).priority(100).obj())
+    s.add_workload(MakeWorkload("late").queue("a").request(GPU, 2).priority(100).created(1).obj())
+    assert admitted_names(s.run_cycle(0)) == ["early", "late"]
+    s.add_workload(MakeWorkload("low").queue("b").request(GPU, 2).priority(10).created(2).obj())
+    out = s.run_cycle(HOUR)
+    assert _victims(out) == [] and admitted_names(out) == []
+
+
+def test_a_wait_budget_still_waits_beside_a_preemptible_one() -> None:
+    s = _scheduler(
+        _budget(resource_hours=1.0),
+        _budget(
+            ScopeKind.CLUSTER_QUEUE,
+            "cq",
+            resource_hours=1.0,
+            when_exceeded=WhenExceeded.PREEMPTIBLE,
+        ),
+    )
+    _submit(s, "w1", "a", 2)
+    assert admitted_names(s.run_cycle(0)) == ["w1"]
+    _submit(s, "w2", "a", 1, created=1)
+    _submit(s, "w3", "b", 1, created=2)
+    out = s.run_cycle(HOUR)
+    # a's own Wait budget is used up: w2 waits; b has only the Preemptible one: admitted.
+    assert admitted_names(out) == ["w3"]
+    assert s.explain("default/w2").reason == PendingReason.BUDGET_EXCEEDED  # type: ignore[union-attr]
+    assert out.admitted[0].over_budget.startswith("ClusterQueue cq used 2.0 of its 1.0")
+
+
+def test_a_restored_over_budget_workload_stays_preemptible() -> None:
+    s = _preempting_scheduler()
+    s.add_workload(MakeWorkload("late").queue("a").request(GPU, 4).priority(100).obj())
+    out = s.run_cycle(0)
+    (admit,) = out.admitted
+    restored = _preempting_scheduler()
+    workload = MakeWorkload("late").queue("a").request(GPU, 4).priority(100).obj()
+    restored.add_workload(workload)
+    restored.delete_workload("default/late")
+    restored.restore_admitted(workload, admit.admission, over_budget="x; admitted preemptible")
+    restored.add_workload(MakeWorkload("low").queue("b").request(GPU, 2).priority(10).obj())
+    assert _victims(restored.run_cycle(HOUR)) == ["default/late"]

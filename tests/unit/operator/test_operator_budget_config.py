@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.admission.budgets import Budget, ScopeKind
+from phalanx.admission.budgets import Budget, ScopeKind, WhenExceeded
 from phalanx.admission.model import ClusterQueue, FlavorQuotas, LocalQueue, ResourceGroup
 from phalanx.admission.scheduler import Scheduler, SchedulerConfig
 from phalanx.operator.budgets import BudgetKeeper
@@ -76,8 +76,7 @@ _OK = {"localQueue": "team-a/main", "resource": GPU, "resourceHours": 1, "period
         ({**_OK, "localQueue": "main"}, "budgets[1].localQueue: must be namespace/name"),
         ({**_OK, "periodStart": "2026-11-30"}, "budgets[1].periodStart: must be an RFC 3339"),
         ({**_OK, "periodStart": "2026-11-30T00:00:00"}, "budgets[1].periodStart: must be"),
-        ({**_OK, "whenExceeded": "Preemptible"}, "budgets[1].whenExceeded: Preemptible is not"),
-        ({**_OK, "whenExceeded": "Later"}, "budgets[1].whenExceeded: must be Wait"),
+        ({**_OK, "whenExceeded": "Later"}, "budgets[1].whenExceeded: must be one of Wait,"),
         ({**_OK, "gpuHours": 3}, "budgets[1].gpuHours: not a budget field"),
         ({**_OK, "period": "2h"}, "budgets[1]: budgets[0] already limits nvidia.com/gpu of"),
         ("x", "budgets[1]: must be a mapping"),
@@ -149,3 +148,18 @@ def test_a_new_leader_seeds_budgets_from_the_store(tmp_path: Path) -> None:
     plain = _scheduler(budget)
     asyncio.run(BudgetKeeper(plain, store_url=None, metrics=Metrics()).prefetch(now_ms))
     assert plain.budget_usage(now_ms + HOUR) == [(budget, 0.0)]
+
+
+def test_preemptible_is_read() -> None:
+    parsed = parse(
+        _config(
+            {
+                "localQueue": "team-a/main",
+                "resource": GPU,
+                "resourceHours": 4,
+                "period": "24h",
+                "whenExceeded": "Preemptible",
+            }
+        )
+    )
+    assert [b.when_exceeded for b in parsed.budgets] == [WhenExceeded.PREEMPTIBLE]

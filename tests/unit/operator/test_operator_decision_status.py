@@ -80,3 +80,23 @@ def test_an_eviction_counts_in_scheduling_stats_and_adds_the_admitted_time() -> 
     again = evicted_status(EVICTION, now_ms=start + 200_000)(readmitted)
     assert again is not None
     assert again["schedulingStats"]["evictions"][0]["count"] == 2
+
+
+def test_over_a_preemptible_budget_the_quota_reserved_message_says_so_and_is_read_back() -> None:
+    """The budget's message ends QuotaReserved's (``kubectl describe`` shows it), and it is
+    what a restarted scheduler reads to keep the workload preemptible."""
+    from dataclasses import replace
+
+    from phalanx.operator.bridge import _over_budget
+
+    note = (
+        "LocalQueue ns/a used 2.0 of its 2.0 nvidia.com/gpu-hours for the window"
+        " 2026-12-04T00:00Z..2026-12-05T00:00Z; admitted preemptible until it resets"
+    )
+    admitted = landed(admission_status(replace(ADMIT, over_budget=note))(fresh()), fresh())
+    conditions = admitted["status"]["conditions"]
+    reserved = next(c for c in conditions if c["type"] == "QuotaReserved")
+    assert reserved["message"] == f"Quota reserved in ClusterQueue cq; {note}"
+    assert _over_budget(conditions) == note
+    plain = landed(admission_status(ADMIT)(fresh()), fresh())["status"]["conditions"]
+    assert _over_budget(plain) == ""
