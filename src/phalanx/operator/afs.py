@@ -25,7 +25,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from phalanx.admission.fair_usage import LocalQueueUsage
+from phalanx.admission.fair_usage import DecayedUsage
 from phalanx.admission.scheduler import Scheduler
 from phalanx.operator.state import ClusterState
 from phalanx.quotas.quantity import QuantityError, format_quantity, parse_quantity
@@ -53,7 +53,7 @@ def consumed_from_status(lq: Mapping[str, Any]) -> dict[str, float] | None:
     return consumed
 
 
-def status_of(usage: LocalQueueUsage) -> dict[str, Any]:
+def status_of(usage: DecayedUsage) -> dict[str, Any]:
     """The LocalQueue's ``status.fairSharing`` for what was last sampled: quantities at milli
     precision (``750m``), ``lastUpdate`` in RFC 3339; ``weightedShare`` 0 as Kueue writes it."""
     when = dt.datetime.fromtimestamp(usage.reported_at / 1000, tz=dt.UTC)
