@@ -39,6 +39,7 @@ from phalanx.admission.model import PreemptionPolicy
 from phalanx.admission.preemption import Target, find_targets
 from phalanx.admission.records import Entry, Phase, Where
 from phalanx.admission.state import ClusterQueueState
+from phalanx.quotas.fairshare import share_path
 from phalanx.quotas.resources import FlavorResource
 
 if TYPE_CHECKING:
@@ -48,7 +49,15 @@ __all__ = ["assign", "partial_fit", "preemption_targets", "run"]
 
 
 class _Out:
-    __slots__ = ("admitted", "attempts", "evicted", "fair_first", "now", "preempted")
+    __slots__ = (
+        "admitted",
+        "attempts",
+        "decayed_first",
+        "evicted",
+        "fair_first",
+        "now",
+        "preempted",
+    )
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -59,6 +68,9 @@ class _Out:
         self.fair_first: dict[str, dict[str, float]] = {}
         """ClusterQueue -> LocalQueue -> its lowest usage when one of its workloads was
         admitted in this cycle (admission fair sharing; for explanations)."""
+        self.decayed_first: dict[str, tuple[int, ...]] = {}
+        """ClusterQueue -> its lowest decayed share path when one of its workloads was
+        admitted in this cycle (decayed fair sharing; for explanations)."""
 
 
 def run(s: Scheduler, now: int) -> CycleResult:
@@ -252,22 +264,7 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
             s.active.discard(state.name)
             return
         counter += 1
-        heapq.heappush(
-            heap,
-            (
-                ordering.estimated_key(
-                    entry,
-                    state,
-                    fair_sharing=s.config.fair_sharing,
-                    lendable_cache=s.lendable_cache,
-                ),
-                counter,
-                -1,
-                state,
-                entry,
-                None,
-            ),
-        )
+        heapq.heappush(heap, (_estimated_key(s, state, entry), counter, -1, state, entry, None))
 
     for name in sorted(s.active):
         state = s.queues.get(name)
@@ -287,13 +284,7 @@ def _admit_heads(s: Scheduler, out: _Out) -> None:
             continue
         if assignment is None or version != state.node.root.version:
             assignment = assign(s, state, entry, out)
-            fresh = ordering.key(
-                entry,
-                state,
-                assignment,
-                fair_sharing=s.config.fair_sharing,
-                lendable_cache=s.lendable_cache,
-            )
+            fresh = _key(s, state, entry, assignment)
             if heap and fresh > heap[0][0]:
                 # No longer first once its real key is known: let the better one go first.
                 counter += 1
@@ -314,12 +305,17 @@ def _key(
         assignment,
         fair_sharing=s.config.fair_sharing,
         lendable_cache=s.lendable_cache,
+        decayed=s.share_usage,
     )
 
 
 def _estimated_key(s: Scheduler, state: ClusterQueueState, entry: Entry) -> ordering.Key:
     return ordering.estimated_key(
-        entry, state, fair_sharing=s.config.fair_sharing, lendable_cache=s.lendable_cache
+        entry,
+        state,
+        fair_sharing=s.config.fair_sharing,
+        lendable_cache=s.lendable_cache,
+        decayed=s.share_usage,
     )
 
 
@@ -414,10 +410,15 @@ def _process(
         return
     if assignment.mode != FitMode.NO_FIT or assignment.reason == PendingReason.WAITING_FOR_QUOTA:
         blocking = explaining.holders(state, assignment, limit=s.config.blocking_limit)
-    fair_note = ""
+    notes = []
     went_first = out.fair_first.get(state.name)
     if went_first and s.fair_usage is not None:
-        fair_note = explaining.fair_usage_note(s, state, entry, went_first)
+        notes.append(explaining.fair_usage_note(s, state, entry, went_first))
+    if out.decayed_first and s.decayed_usage is not None:
+        # A head that fits nowhere has no assignment usage: its request on first flavors.
+        usage = assignment.usage or ordering.first_flavor_usage(state, entry)
+        notes.append(explaining.decayed_share_note(s, state, usage, out.decayed_first))
+    fair_note = "; ".join(note for note in notes if note)
     found = explaining.explanation(
         entry=entry,
         state=state,
@@ -478,6 +479,14 @@ def _admit(
     out: _Out,
 ) -> None:
     state.queue.pop(entry)
+    decayed = s.share_usage
+    if decayed is not None and state.node.parent is not None:
+        # Its key as it was ordered (before the books count it, and before its penalty).
+        path = share_path(
+            state.node, assignment.usage, lendable_cache=s.lendable_cache, decayed=decayed
+        )
+        lowest = out.decayed_first.get(state.name)
+        out.decayed_first[state.name] = path if lowest is None else min(lowest, path)
     s.books.admit(entry, state, assignment.admission(state.name, topology))
     entry.admitted_at = out.now
     _admitted_now(s, entry, out)
@@ -491,6 +500,8 @@ def _admitted_now(s: Scheduler, entry: Entry, out: _Out) -> None:
     entry.requeue_at = 0
     s.fresh.pop(entry.key, None)
     s.budget_started(entry, out.now)
+    if s.decayed_usage is not None:
+        s.charge_decayed_usage(entry, out.now)
     if s.fair_usage is not None and entry.cluster_queue in s.queues:
         state = s.queues[entry.cluster_queue]
         if state.spec.usage_based_fair_sharing:

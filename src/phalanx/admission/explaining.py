@@ -7,15 +7,17 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from phalanx.admission.decisions import Explanation, PendingReason
-from phalanx.admission.fair_usage import resource_hours, weighted_usage
+from phalanx.admission.fair_usage import kueue_amount, resource_hours, weighted_usage
 from phalanx.admission.flavors import Assignment
 from phalanx.admission.records import Entry
 from phalanx.admission.state import ClusterQueueState
+from phalanx.quotas.fairshare import dominant_resource_share, share_path
+from phalanx.quotas.resources import FlavorResource
 
 if TYPE_CHECKING:
     from phalanx.admission.scheduler import Scheduler
 
-__all__ = ["explanation", "fair_usage_note", "holders"]
+__all__ = ["decayed_share_note", "explanation", "fair_usage_note", "holders"]
 
 
 def holders(state: ClusterQueueState, assignment: Assignment, *, limit: int) -> list[str]:
@@ -102,6 +104,65 @@ def fair_usage_note(
         f" {resource_hours(theirs, half_life):.1f} {unit} (half-life {_duration(half_life)}"
         f"{fair if weight_sum > 0 else ''})"
     )
+
+
+def decayed_share_note(
+    s: Scheduler,
+    state: ClusterQueueState,
+    usage: Mapping[FlavorResource, int],
+    went_first: Mapping[str, tuple[int, ...]],
+) -> str:
+    """Decayed fair sharing: when a ClusterQueue of the same cohort tree, whose share on
+    decayed usage was lower, had a workload admitted ahead of this head in this cycle, say
+    so with the figures of the first node on the head's path that borrows in decayed terms
+    with the head's ``usage`` added: its decayed usage and its fair amount (its subtree quota
+    held throughout), both in decayed resource-hours (``consumed x half-life / ln 2``).
+    Nothing when that node's decayed usage is not above what it holds now: then its current
+    usage ordered it, as plain DRS would."""
+    ledger, decayed = s.decayed_usage, s.share_usage
+    node = state.node
+    if ledger is None or decayed is None or node.parent is None:
+        return ""
+    cache = s.lendable_cache
+    mine = share_path(node, usage, lendable_cache=cache, decayed=decayed)
+    ahead = sorted(
+        (path, name)
+        for name, path in went_first.items()
+        if name != state.name
+        and name in s.queues
+        and s.queues[name].node.root is node.root
+        and path < mine
+    )
+    if not ahead:
+        return ""
+    other = s.queues[ahead[0][1]].node
+    chain = [n for n in node.path_to_root() if n.parent is not None]
+    for borrower in reversed(chain):
+        share = dominant_resource_share(
+            borrower, usage, lendable_cache=cache, decayed=decayed(borrower)
+        )
+        resource = share.dominant_resource
+        if not resource:
+            continue
+        history = s.history_of(borrower).get(resource, 0.0)
+        held = sum(n for fr, n in borrower.usage.items() if fr[1] == resource)
+        if history <= held:
+            return ""  # what it holds now ordered it, as plain DRS would
+        quota = sum(n for fr, n in borrower.subtree.items() if fr[1] == resource)
+        half_life = ledger.config.usage_half_life_ms
+        theirs = s.history_of(other).get(resource, 0.0)
+        used, fair, other_used = (
+            resource_hours(kueue_amount(resource, amount), half_life)
+            for amount in (history, quota, theirs)
+        )
+        kind = "Cohort" if borrower.is_cohort else "ClusterQueue"
+        return (
+            f"decayed fair sharing: {kind} {borrower.name} used {used:.1f} {resource}-hours"
+            f" (decayed, half-life {_duration(half_life)}) vs a fair {fair:.1f} (its quota"
+            f" held throughout); ClusterQueue {other.name} went first, having used"
+            f" {other_used:.1f}"
+        )
+    return ""
 
 
 def _duration(ms: int) -> str:

@@ -46,9 +46,10 @@ __all__ = [
     "NO_ADMISSION_FAIR_SHARING",
     "USAGE_BASED",
     "AdmissionFairSharing",
-    "LocalQueueUsage",
+    "DecayedUsage",
     "UsageLedger",
     "alpha",
+    "base_units",
     "decayed",
     "entry_penalty",
     "interval_consumed",
@@ -120,10 +121,16 @@ def weighted_usage(
     return total / lq_weight
 
 
-def kueue_amount(resource: str, base_units: int) -> float:
+def kueue_amount(resource: str, base_units: float) -> float:
     """A quantity in the core's base units (milli-CPU, bytes, devices) as Kueue's float of the
     same quantity (``AsApproximateFloat64``: CPU in cores)."""
     return base_units / 1000 if is_milli_resource(resource) else float(base_units)
+
+
+def base_units(resource: str, amount: float) -> float:
+    """The inverse of :func:`kueue_amount`: Kueue's float in the core's base units (not
+    rounded: decayed usage is fractional)."""
+    return amount * 1000 if is_milli_resource(resource) else amount
 
 
 def interval_consumed(
@@ -150,8 +157,9 @@ def resource_hours(consumed: float, half_life_ms: float) -> float:
 
 
 @dataclass(slots=True)
-class LocalQueueUsage:
-    """One LocalQueue's decayed usage: Kueue's ``admissionFairSharingStatus``."""
+class DecayedUsage:
+    """One queue's decayed usage: Kueue's ``admissionFairSharingStatus`` (a LocalQueue's, or,
+    with Phalanx's decayed fair sharing, a ClusterQueue's)."""
 
     consumed: dict[str, float] = field(default_factory=dict)
     """Resource -> decayed usage in Kueue's units (``consumedResources``)."""
@@ -161,27 +169,28 @@ class LocalQueueUsage:
     """Entry penalties added since the last sample, weighted (for explanations)."""
     reported: dict[str, float] = field(default_factory=dict)
     reported_at: int = 0
-    """``consumed`` and its time as of the last sample (or restore): what the LocalQueue's
+    """``consumed`` and its time as of the last sample (or restore): what the queue's
     status shows (Kueue writes the status at sampling; admissions only move the cache)."""
 
 
 class UsageLedger:
-    """Decayed usage per LocalQueue key (``namespace/name``); owned by the ``Scheduler``."""
+    """Decayed usage per queue key: a LocalQueue's ``namespace/name`` (admission fair sharing)
+    or a ClusterQueue's name (decayed fair sharing); owned by the ``Scheduler``."""
 
     __slots__ = ("config", "entries", "version")
 
     def __init__(self, config: AdmissionFairSharing) -> None:
         self.config = config
-        self.entries: dict[str, LocalQueueUsage] = {}
+        self.entries: dict[str, DecayedUsage] = {}
         self.version = 0
         """Bumped on every change: the operator rewrites a status only when it moved."""
 
-    def get(self, key: str) -> LocalQueueUsage | None:
+    def get(self, key: str) -> DecayedUsage | None:
         return self.entries.get(key)
 
     def restore(self, key: str, consumed: Mapping[str, float], last_update: int) -> None:
         """Seed ``key`` from what was persisted (the LocalQueue's status, or the store)."""
-        self.entries[key] = LocalQueueUsage(
+        self.entries[key] = DecayedUsage(
             dict(consumed), last_update, reported=dict(consumed), reported_at=last_update
         )
         self.version += 1
@@ -195,12 +204,12 @@ class UsageLedger:
         consumed = entry.consumed if entry is not None else {}
         return weighted_usage(consumed, lq_weight, self.config.resource_weights)
 
-    def sample(self, key: str, current: Mapping[str, float], now: int) -> LocalQueueUsage:
+    def sample(self, key: str, current: Mapping[str, float], now: int) -> DecayedUsage:
         """Decay ``key``'s usage towards ``current`` over the time since its last update (a
         new LocalQueue starts empty at ``now``; half-life 0 resets it, as Kueue)."""
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = LocalQueueUsage({}, now)
+            entry = self.entries[key] = DecayedUsage({}, now)
         elif self.config.usage_half_life_ms <= 0:
             entry.consumed = {}
         else:
@@ -221,7 +230,7 @@ class UsageLedger:
         config = self.config
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = LocalQueueUsage({}, now)
+            entry = self.entries[key] = DecayedUsage({}, now)
         if config.usage_half_life_ms > 0:
             entry.consumed = decayed(
                 entry.consumed, current, now - entry.last_update, config.usage_half_life_ms

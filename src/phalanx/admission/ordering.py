@@ -2,7 +2,8 @@
 
 Classic: not borrowing before borrowing (by borrowing level), then higher priority, then
 FIFO. Fair sharing: lowest dominant resource share after admission first (a tuple from the
-top of the cohort tree down), then priority, then FIFO.
+top of the cohort tree down), then priority, then FIFO. With decayed fair sharing the shares
+are computed on each node's decayed usage (``decayed``) instead of what it holds now.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 from phalanx.admission.flavors import PODS, Assignment
 from phalanx.admission.records import Entry
 from phalanx.admission.state import ClusterQueueState
-from phalanx.quotas.fairshare import share_path
+from phalanx.quotas.fairshare import DecayedUsageOf, share_path
 from phalanx.quotas.resources import FlavorResource
 
-__all__ = ["Key", "estimated_key", "key"]
+__all__ = ["Key", "estimated_key", "first_flavor_usage", "key"]
 
 Key = tuple[tuple[int, ...], int, int, int]
 
@@ -25,9 +26,12 @@ def key(
     *,
     fair_sharing: bool,
     lendable_cache: dict[str, dict[str, int]],
+    decayed: DecayedUsageOf | None = None,
 ) -> Key:
     if fair_sharing:
-        shares = share_path(state.node, assignment.usage, lendable_cache=lendable_cache)
+        shares = share_path(
+            state.node, assignment.usage, lendable_cache=lendable_cache, decayed=decayed
+        )
         return (shares, -entry.priority, entry.order_time, entry.seq)
     return ((assignment.borrowing,), -entry.priority, entry.order_time, entry.seq)
 
@@ -38,13 +42,14 @@ def estimated_key(
     *,
     fair_sharing: bool,
     lendable_cache: dict[str, dict[str, int]],
+    decayed: DecayedUsageOf | None = None,
 ) -> Key:
     """``key`` assuming each resource gets the first flavor of its group: cheap, and exact
     for single-flavor queues. The cycle recomputes the real key before acting."""
-    usage = _first_flavor_usage(state, entry)
+    usage = first_flavor_usage(state, entry)
     node = state.node
     if fair_sharing:
-        shares = share_path(node, usage, lendable_cache=lendable_cache)
+        shares = share_path(node, usage, lendable_cache=lendable_cache, decayed=decayed)
         return (shares, -entry.priority, entry.order_time, entry.seq)
     borrowing = int(
         node.parent is not None
@@ -53,7 +58,8 @@ def estimated_key(
     return ((borrowing,), -entry.priority, entry.order_time, entry.seq)
 
 
-def _first_flavor_usage(state: ClusterQueueState, entry: Entry) -> dict[FlavorResource, int]:
+def first_flavor_usage(state: ClusterQueueState, entry: Entry) -> dict[FlavorResource, int]:
+    """What ``entry`` would use if each resource got the first flavor of its group."""
     cached = entry.estimate
     if cached is not None and cached[0] is state.spec:
         return cached[1]

@@ -26,8 +26,9 @@ from phalanx.admission.decisions import (
 )
 from phalanx.admission.fair_usage import (
     AdmissionFairSharing,
-    LocalQueueUsage,
+    DecayedUsage,
     UsageLedger,
+    base_units,
     kueue_amount,
 )
 from phalanx.admission.model import (
@@ -43,7 +44,7 @@ from phalanx.admission.placement_hook import PlacementOracle
 from phalanx.admission.preemption import FairSharingStrategy
 from phalanx.admission.records import Entry, Phase
 from phalanx.admission.state import ClusterQueueState
-from phalanx.quotas.fairshare import dominant_resource_share
+from phalanx.quotas.fairshare import DECAYED_SCALE, DecayedUsageOf, dominant_resource_share
 from phalanx.quotas.resources import FlavorResource
 from phalanx.quotas.tree import CohortCycleError, QuotaNode, ResourceTree
 
@@ -71,6 +72,11 @@ class SchedulerConfig:
     ``usage_based_fair_sharing`` serve their LocalQueues by decayed usage. None: off."""
     budgets: tuple[Budget, ...] = ()
     """Phalanx's usage budgets (``phalanx.admission.budgets``); none: no limit."""
+    decayed_fair_sharing: AdmissionFairSharing | None = None
+    """Phalanx's ``decayedFairSharing`` (with ``fair_sharing``): the fair-sharing order
+    between ClusterQueues of a cohort uses each one's decayed usage, or what it holds now
+    when that is more (``decayed_of``; ``resource_weights`` unused). Quota checks and
+    preemption keep the real usage."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,11 @@ class Scheduler:
         afs = self.config.admission_fair_sharing
         self.fair_usage: UsageLedger | None = None if afs is None else UsageLedger(afs)
         """Decayed usage per LocalQueue (admission fair sharing), None when it is off."""
+        decay = self.config.decayed_fair_sharing if self.config.fair_sharing else None
+        self.decayed_usage: UsageLedger | None = None if decay is None else UsageLedger(decay)
+        """Decayed usage per ClusterQueue (decayed fair sharing), None when it is off."""
+        self._decayed_nodes: tuple[tuple[int, int], dict[str, dict[str, int]]] = ((-1, -1), {})
+        """((ledger version, tree version), node name -> usage) memo of ``decayed_of``."""
         self.budgets: BudgetLedger | None = (
             BudgetLedger(self.config.budgets) if self.config.budgets else None
         )
@@ -235,6 +246,8 @@ class Scheduler:
                 f"ClusterQueue {name} was deleted",
             )
         del self.queues[name]
+        if self.decayed_usage is not None:
+            self.decayed_usage.forget(name)
         self._fair_local_queues = None
         self.active.discard(name)
         self.tree.remove_cluster_queue(name)
@@ -463,14 +476,14 @@ class Scheduler:
             self._fair_local_queues = found
         return list(self._fair_local_queues)
 
-    def sample_fair_usage(self, now: int, *, every: int = 0) -> dict[str, LocalQueueUsage]:
+    def sample_fair_usage(self, now: int, *, every: int = 0) -> dict[str, DecayedUsage]:
         """Decay each LocalQueue of a ClusterQueue with ``UsageBasedAdmissionFairSharing``
         towards what it holds now (Kueue's LocalQueue reconcile), those last updated at least
         ``every`` ms ago (the sampling interval; 0: all). Returns the sampled ones."""
         ledger = self.fair_usage
         if ledger is None:
             return {}
-        sampled: dict[str, LocalQueueUsage] = {}
+        sampled: dict[str, DecayedUsage] = {}
         for key in self.fair_sharing_local_queues():
             entry = ledger.get(key)
             if entry is not None and now - entry.last_update < every:
@@ -488,6 +501,95 @@ class Scheduler:
         for (_, resource), amount in entry.usage.items():
             requests[resource] = requests.get(resource, 0.0) + kueue_amount(resource, amount)
         ledger.charge(entry.local_queue, requests, self.admitted_usage(entry.local_queue), now)
+
+    # -- decayed fair sharing between ClusterQueues ------------------------------------------
+
+    @property
+    def share_usage(self) -> DecayedUsageOf | None:
+        """What fair-sharing ordering computes shares on: ``decayed_of`` with decayed fair
+        sharing, else None (what each node holds now)."""
+        return None if self.decayed_usage is None else self.decayed_of
+
+    def decayed_of(self, node: QuotaNode) -> dict[str, int]:
+        """``node``'s usage for decayed fair sharing, per resource in thousandths of base
+        units (``DECAYED_SCALE``): for each of its ClusterQueues (a ClusterQueue: itself) and
+        resource, the larger of its decayed usage and what it holds now, summed.
+
+        What it holds now is the floor: decayed usage moves by a small entry penalty per
+        admission, so on decayed usage alone a ClusterQueue with little history would take
+        every free GPU of the cohort in one cycle; with the floor it is never served ahead
+        of where plain DRS puts it for what it holds, and its history orders it beyond that."""
+        ledger = self.decayed_usage
+        if ledger is None:
+            return {}
+        stamp = (ledger.version, node.root.version)
+        if self._decayed_nodes[0] != stamp:
+            self._decayed_nodes = (stamp, {})
+        known = self._decayed_nodes[1]
+        found = known.get(node.name)
+        if found is None:
+            total: dict[str, float] = {}
+            for leaf in node.cluster_queues():
+                history = self.history_of(leaf)
+                held = _per_resource(leaf.usage)
+                for resource in history.keys() | held.keys():
+                    amount = max(history.get(resource, 0.0), held.get(resource, 0.0))
+                    total[resource] = total.get(resource, 0.0) + amount
+            found = {r: round(amount * DECAYED_SCALE) for r, amount in total.items()}
+            known[node.name] = found
+        return found
+
+    def history_of(self, node: QuotaNode) -> dict[str, float]:
+        """``node``'s decayed usage alone, per resource in base units (a Cohort: the sum of
+        its ClusterQueues'); empty with decayed fair sharing off."""
+        ledger = self.decayed_usage
+        total: dict[str, float] = {}
+        if ledger is None:
+            return total
+        for leaf in node.cluster_queues():
+            usage = ledger.get(leaf.name)
+            for resource, amount in (usage.consumed if usage is not None else {}).items():
+                total[resource] = total.get(resource, 0.0) + base_units(resource, amount)
+        return total
+
+    def cluster_queue_current(self, name: str) -> dict[str, float]:
+        """What ClusterQueue ``name`` holds now, per resource (Kueue units, flavors summed)."""
+        state = self.queues.get(name)
+        held = _per_resource(state.node.usage) if state is not None else {}
+        return {r: kueue_amount(r, n) for r, n in held.items()}
+
+    def restore_cluster_queue_usage(
+        self, name: str, consumed: Mapping[str, float], last_update: int
+    ) -> None:
+        """Seed ClusterQueue ``name``'s decayed usage (Kueue units) as persisted: its
+        ``status.fairSharing.admissionFairSharingStatus``, or rebuilt from the store."""
+        if self.decayed_usage is not None:
+            self.decayed_usage.restore(name, consumed, last_update)
+
+    def sample_decayed_usage(self, now: int, *, every: int = 0) -> dict[str, DecayedUsage]:
+        """Decay each ClusterQueue's usage towards what it holds now, those last updated at
+        least ``every`` ms ago (the sampling interval; 0: all). Returns the sampled ones."""
+        ledger = self.decayed_usage
+        if ledger is None:
+            return {}
+        sampled: dict[str, DecayedUsage] = {}
+        for name in sorted(self.queues):
+            entry = ledger.get(name)
+            if entry is not None and now - entry.last_update < every:
+                continue
+            sampled[name] = ledger.sample(name, self.cluster_queue_current(name), now)
+        return sampled
+
+    def charge_decayed_usage(self, entry: Entry, now: int) -> None:
+        """``entry`` was just admitted: its ClusterQueue pays the entry penalty (cycle.py)."""
+        ledger = self.decayed_usage
+        name = entry.cluster_queue
+        if ledger is None or name is None or name not in self.queues:
+            return
+        requests: dict[str, float] = {}
+        for (_, resource), amount in entry.usage.items():
+            requests[resource] = requests.get(resource, 0.0) + kueue_amount(resource, amount)
+        ledger.charge(name, requests, self.cluster_queue_current(name), now)
 
     # -- usage budgets ----------------------------------------------------------------------
 
@@ -638,3 +740,11 @@ class Scheduler:
             found = [self.queues[n.name] for n in root.cluster_queues() if n.name in self.queues]
             self.members_cache[root] = found
         return found
+
+
+def _per_resource(usage: Mapping[FlavorResource, int]) -> dict[str, float]:
+    """Usage by flavor and resource, summed over flavors (base units)."""
+    held: dict[str, float] = {}
+    for (_, resource), amount in usage.items():
+        held[resource] = held.get(resource, 0.0) + amount
+    return held

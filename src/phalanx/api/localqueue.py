@@ -14,11 +14,10 @@ from phalanx.api.fields import (
     NameReference,
     Quantity,
     ResourceName,
-    Time,
     list_map,
 )
 from phalanx.api.meta import Condition, ObjectMeta
-from phalanx.api.quota import FairSharing
+from phalanx.api.quota import AdmissionFairSharingStatus, FairSharing
 
 __all__ = [
     "LocalQueue",
@@ -55,13 +54,6 @@ class LocalQueueFlavorUsage(KueueModel):
     resources: list[LocalQueueResourceUsage] = Field(
         max_length=16, json_schema_extra=list_map("name")
     )
-
-
-class AdmissionFairSharingStatus(KueueModel):
-    """Resources a LocalQueue consumed, decayed (Kueue's admission fair sharing)."""
-
-    consumed_resources: dict[str, Quantity]
-    last_update: Time
 
 
 class LocalQueueFairSharingStatus(KueueModel):

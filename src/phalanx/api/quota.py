@@ -17,6 +17,7 @@ from phalanx.api.fields import (
     NameReference,
     Quantity,
     ResourceName,
+    Time,
     list_map,
     list_set,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "MAX_FLAVORS_PER_GROUP",
     "MAX_RESOURCES_PER_GROUP",
     "MAX_RESOURCE_GROUPS",
+    "AdmissionFairSharingStatus",
     "FairSharing",
     "FairSharingStatus",
     "FlavorQuotas",
@@ -86,12 +88,24 @@ class FairSharing(KueueModel):
     """Relative share: usage above nominal quota is divided by it. 0 means always last."""
 
 
+class AdmissionFairSharingStatus(KueueModel):
+    """Resources a queue consumed, decayed (Kueue's admission fair sharing for a LocalQueue;
+    Phalanx's decayed fair sharing for a ClusterQueue)."""
+
+    consumed_resources: dict[str, Quantity]
+    last_update: Time
+
+
 class FairSharingStatus(KueueModel):
     """Current fair-sharing state of a ClusterQueue or Cohort."""
 
     weighted_share: Int64
     """Dominant resource share above nominal quota, divided by the weight (0 if within
     nominal quota)."""
+    admission_fair_sharing_status: AdmissionFairSharingStatus | None = None
+    """Phalanx's decayed fair sharing (not in Kueue): the ClusterQueue's decayed usage per
+    resource, written every ``usageSamplingInterval`` by the leader and read back by a new
+    one."""
 
 
 class ResourceUsage(KueueModel):

@@ -374,6 +374,7 @@ def run(args: argparse.Namespace) -> int:
         managed_jobs_namespace_selector=settings.managed_jobs_namespace_selector,
         tas_balanced_placement=bool(settings.tas_balanced_placement),
         admission_fair_sharing=_admission_fair_sharing(settings.admission_fair_sharing),
+        decayed_fair_sharing=_admission_fair_sharing(settings.decayed_fair_sharing),
         budgets=settings.budgets,
         **({"frameworks": settings.frameworks} if settings.frameworks is not None else {}),
         leader_election=leader_election,
@@ -429,7 +430,8 @@ def dashboard_sidecar(args: argparse.Namespace) -> Any:
 def _admission_fair_sharing(
     section: configfile_types.AdmissionFairSharing | None,
 ) -> AdmissionFairSharing | None:
-    """``--config``'s ``admissionFairSharing`` in the core's terms (milliseconds)."""
+    """``--config``'s ``admissionFairSharing`` (or ``decayedFairSharing``) in the core's
+    terms (milliseconds)."""
     from phalanx.admission.fair_usage import AdmissionFairSharing
 
     if section is None:

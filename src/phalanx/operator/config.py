@@ -103,6 +103,10 @@ class OperatorConfig:
     """Kueue's ``admissionFairSharing`` (``--config``, with the ``AdmissionFairSharing`` gate
     on): ClusterQueues with ``UsageBasedAdmissionFairSharing`` serve their LocalQueues by
     decayed usage, kept in the LocalQueues' status (docs/scheduling.md)."""
+    decayed_fair_sharing: AdmissionFairSharing | None = None
+    """Phalanx's ``decayedFairSharing`` (``--config``, with ``fairSharing.enable``): fair
+    sharing orders ClusterQueues by their decayed usage, kept in the ClusterQueues' status
+    (docs/scheduling.md)."""
     budgets: tuple[Budget, ...] = ()
     """Phalanx's usage budgets (``budgets`` in ``--config``; docs/budgets.md)."""
     tas_balanced_placement: bool = False

@@ -15,7 +15,9 @@ brought over as it is:
   sets) and ``AdmissionFairSharing`` are honoured; the other gates are read past, each named
   in a log line;
 - ``budgets`` is Phalanx's own (usage budgets per LocalQueue or ClusterQueue;
-  ``phalanx.operator.budgetconfig``, docs/budgets.md);
+  ``phalanx.operator.budgetconfig``, docs/budgets.md), and so is ``decayedFairSharing``
+  (``usageHalfLifeTime``, ``usageSamplingInterval``: fair sharing between ClusterQueues on
+  decayed usage; refused unless ``fairSharing.enable`` is true; docs/scheduling.md);
 - the process-level sections (``health``, ``metrics``, ``webhook``, ``leaderElection``, ...) are
   set by ``phalanx operator`` flags instead and are read past, each named in a log line;
 - anything else, or a value Phalanx does not implement (``manageJobsWithoutQueueName: true``,
@@ -90,7 +92,8 @@ class FairSharing:
 
 @dataclass(frozen=True)
 class AdmissionFairSharing:
-    """Kueue's ``admissionFairSharing`` (durations in seconds, from Go durations)."""
+    """Kueue's ``admissionFairSharing``, or Phalanx's ``decayedFairSharing`` (durations in
+    seconds, from Go durations)."""
 
     usage_half_life_seconds: float
     usage_sampling_interval_seconds: float = 300.0
@@ -112,6 +115,9 @@ class ConfigFile:
     """``featureGates.TASBalancedPlacement`` (Kueue's default: off)."""
     admission_fair_sharing: AdmissionFairSharing | None = None
     """``admissionFairSharing``; None when absent or its feature gate is off."""
+    decayed_fair_sharing: AdmissionFairSharing | None = None
+    """Phalanx's ``decayedFairSharing`` (the same decay, between ClusterQueues); None when
+    absent."""
     frameworks: tuple[str, ...] | None = None
     """``integrations.frameworks``: the enabled integrations."""
     budgets: tuple[Budget, ...] = ()
@@ -161,7 +167,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
         problems.append(f"kind: must be Configuration, got {document.get('kind')!r}")
     known = {"apiVersion", "kind", "featureGates", *PROCESS_SECTIONS}
     known |= {"waitForPodsReady", "fairSharing", "integrations", "manageJobsWithoutQueueName"}
-    known |= {"admissionFairSharing", "budgets"}
+    known |= {"admissionFairSharing", "decayedFairSharing", "budgets"}
     known |= {"managedJobsNamespaceSelector", "namespaceSelector"}
     for key in document:
         if key not in known:
@@ -170,6 +176,7 @@ def parse(document: Any, *, source: str = "<config>") -> ConfigFile:
     _wait_for_pods_ready(document.get("waitForPodsReady"), values, problems)
     _fair_sharing(document.get("fairSharing"), values, problems)
     _admission_fair_sharing(document.get("admissionFairSharing"), values, problems)
+    _decayed_fair_sharing(document.get("decayedFairSharing"), values, problems)
     _integrations(document.get("integrations"), values, problems)
     values["budgets"] = parse_budgets(document.get("budgets"), problems)
     other_gates = _feature_gates(document.get("featureGates"), values, problems)
@@ -312,13 +319,40 @@ def _fair_sharing(raw: Any, values: dict[str, Any], problems: list[str]) -> None
 def _admission_fair_sharing(raw: Any, values: dict[str, Any], problems: list[str]) -> None:
     """Kueue's ``admissionFairSharing``, validated as Kueue's ``validateAdmissionFairSharing``:
     a half-life of 0 or more, a sampling interval above 0 (default 5m), weights of 0 or more."""
-    where = "admissionFairSharing"
-    if raw is None:
+    found = _decay(raw, "admissionFairSharing", problems, weights=True)
+    if found is not None:
+        values["admission_fair_sharing"] = found
+
+
+def _decayed_fair_sharing(raw: Any, values: dict[str, Any], problems: list[str]) -> None:
+    """Phalanx's ``decayedFairSharing``: the decay of ``admissionFairSharing`` (same fields,
+    same rules, without ``resourceWeights``: a dominant resource share compares each resource
+    with its own quota), applied to the fair-sharing order between ClusterQueues; it changes
+    how ``fairSharing`` orders, so it needs ``fairSharing.enable: true``."""
+    where = "decayedFairSharing"
+    found = _decay(raw, where, problems, weights=False)
+    if found is None:
         return
+    fair = values.get("fair_sharing")
+    if fair is None or not fair.enabled:
+        problems.append(
+            f"{where}: orders ClusterQueues by fair sharing on decayed usage, so it needs "
+            "fairSharing.enable: true; enable fair sharing or remove it"
+        )
+        return
+    values["decayed_fair_sharing"] = found
+
+
+def _decay(
+    raw: Any, where: str, problems: list[str], *, weights: bool
+) -> AdmissionFairSharing | None:
+    """A decay section: ``usageHalfLifeTime`` (required, 0 or more), ``usageSamplingInterval``
+    (above 0, default 5m) and, with ``weights``, ``resourceWeights`` (0 or more)."""
+    if raw is None:
+        return None
     section = _mapping(raw, where, problems)
-    _unknown(
-        section, where, {"usageHalfLifeTime", "usageSamplingInterval", "resourceWeights"}, problems
-    )
+    fields = {"usageHalfLifeTime", "usageSamplingInterval"}
+    _unknown(section, where, fields | {"resourceWeights"} if weights else fields, problems)
     half_life = _signed_duration(
         section.get("usageHalfLifeTime"), f"{where}.usageHalfLifeTime", problems
     )
@@ -335,20 +369,21 @@ def _admission_fair_sharing(raw: Any, values: dict[str, Any], problems: list[str
         got = section["usageSamplingInterval"]
         problems.append(f"{where}.usageSamplingInterval: must be above 0, got {got!r}")
     weights_where = f"{where}.resourceWeights"
-    weights: dict[str, float] = {}
-    for name, weight in _mapping(section.get("resourceWeights"), weights_where, problems).items():
+    found: dict[str, float] = {}
+    raw_weights = section.get("resourceWeights") if weights else None
+    for name, weight in _mapping(raw_weights, weights_where, problems).items():
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             problems.append(f"{weights_where}.{name}: must be a number, got {weight!r}")
         elif weight < 0:
             problems.append(f"{weights_where}.{name}: must be 0 or more, got {weight!r}")
         else:
-            weights[str(name)] = float(weight)
+            found[str(name)] = float(weight)
     if half_life is None or half_life < 0 or (interval is not None and interval <= 0):
-        return
-    values["admission_fair_sharing"] = AdmissionFairSharing(
+        return None
+    return AdmissionFairSharing(
         usage_half_life_seconds=half_life,
         usage_sampling_interval_seconds=300.0 if interval is None else interval,
-        resource_weights=weights,
+        resource_weights=found,
     )
 
 

@@ -105,11 +105,15 @@ class SchedulingLoop:
                 backoff_base_ms=int(pods_ready.backoff_base_seconds * 1000),
                 backoff_max_ms=int(pods_ready.backoff_max_seconds * 1000),
                 admission_fair_sharing=config.admission_fair_sharing,
+                decayed_fair_sharing=config.decayed_fair_sharing,
                 budgets=config.budgets,
             ),
             placement=self.oracle,
         )
         self.fair_usage = FairUsageKeeper(self.scheduler, state, store_url=config.store_url)
+        self.decayed_usage = FairUsageKeeper(
+            self.scheduler, state, store_url=config.store_url, kind="ClusterQueue"
+        )
         self.budgets = BudgetKeeper(self.scheduler, store_url=config.store_url, metrics=metrics)
         self.bridge = CoreBridge(self.scheduler, self.oracle, state, validator=validator)
         self.finalizers = ResourceInUseFinalizers(api, state, spawn=self._spawn)
@@ -150,6 +154,7 @@ class SchedulingLoop:
         for task in list(self._tasks):
             task.cancel()
         self.fair_usage.close()
+        self.decayed_usage.close()
 
     def _still_pending(self, key: str) -> bool:
         # Read from writer tasks; a dict lookup and an attribute read, safe beside a cycle.
@@ -163,10 +168,14 @@ class SchedulingLoop:
     async def run(self) -> None:
         if self._wait_synced is not None:
             await self._wait_synced()
-        # Both read the store once, each bounded: side by side, the first cycle waits for
-        # the slower of the two, not their sum.
+        # Each reads the store once, bounded: side by side, the first cycle waits for the
+        # slowest of them, not their sum.
         now = now_ms()
-        await asyncio.gather(self.fair_usage.prefetch(now), self.budgets.prefetch(now))
+        await asyncio.gather(
+            self.fair_usage.prefetch(now),
+            self.decayed_usage.prefetch(now),
+            self.budgets.prefetch(now),
+        )
         first = self._sync()
         logger.info(
             "event=scheduler_ready workloads=%d restored=%d cluster_queues=%d",
@@ -207,6 +216,7 @@ class SchedulingLoop:
         self._released.clear()
         result = self.bridge.sync(self.state.drain(), now_ms=now)
         self.fair_usage.sync(now)
+        self.decayed_usage.sync(now)
         self.finalizers.reconcile(in_core=self.scheduler.queues.__contains__)
         for key in result.deleted:
             self.writer.forget(key)

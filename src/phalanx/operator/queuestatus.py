@@ -24,6 +24,7 @@ from typing import Any
 from phalanx.admission.records import Entry, Phase
 from phalanx.admission.scheduler import ClusterQueueStatus, Scheduler
 from phalanx.operator import conditions as cond
+from phalanx.operator.afs import decayed_status
 from phalanx.operator.afs import status_of as afs_status_of
 from phalanx.operator.history import StoreHealth
 from phalanx.operator.kube import CLUSTER_QUEUES, LOCAL_QUEUES, ApiError, KubeApi, Resource
@@ -114,8 +115,19 @@ def cluster_queue_status(
         "admittedWorkloads": st.admitted,
         "flavorsReservation": _flavor_list(st.usage, flavors=flavors, borrowed=st.borrowed),
         "flavorsUsage": _flavor_list(st.usage, flavors=flavors, borrowed=st.borrowed),
-        "fairSharing": {"weightedShare": st.weighted_share},
+        "fairSharing": _fair_sharing(scheduler, name, st.weighted_share),
     }
+
+
+def _fair_sharing(scheduler: Scheduler, name: str, weighted_share: int) -> dict[str, Any]:
+    """``status.fairSharing``; with decayed fair sharing, the ClusterQueue's decayed usage
+    as last sampled beside its share (a new leader restores it from there)."""
+    found: dict[str, Any] = {"weightedShare": weighted_share}
+    ledger = scheduler.decayed_usage
+    usage = ledger.get(name) if ledger is not None else None
+    if usage is not None:
+        found["admissionFairSharingStatus"] = decayed_status(usage)
+    return found
 
 
 Contribution = tuple[str, int, int, int, dict[tuple[str, str], int] | None]

@@ -5,6 +5,12 @@ node's own subtree quota (summed over flavors) divided by what the parent could 
 resource; the largest such ratio is the dominant share, divided by the node's weight. A node
 not borrowing has share 0; a node with weight 0 that borrows has the largest possible share.
 
+With decayed fair sharing (a Phalanx addition) the usage is not what the node holds now but
+what the caller gives per resource (``decayed``: the decayed average, at least what is held
+now, in thousandths of base units since a decayed average is fractional, flavors summed; a
+Cohort's is the sum of its ClusterQueues'): borrowed per resource is then that, plus the
+candidate's request, minus the node's subtree quota of the resource summed over flavors.
+
 Kueue keeps the ratio as a float in thousandths. Phalanx keeps integers so that ordering is
 exact and reproducible: ``value`` is Kueue's weighted share times 1000 (rounded down), and
 ``weighted_share`` is Kueue's status value (rounded up).
@@ -13,13 +19,26 @@ exact and reproducible: ``value`` is Kueue's weighted share times 1000 (rounded 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from phalanx.quotas.resources import FlavorResource, Usage
 from phalanx.quotas.tree import QuotaNode
 
-__all__ = ["Share", "dominant_resource_share", "lendable"]
+__all__ = [
+    "DECAYED_SCALE",
+    "DecayedUsageOf",
+    "Share",
+    "dominant_resource_share",
+    "lendable",
+    "share_path",
+]
+
+DECAYED_SCALE = 1000
+"""Decayed usage is in thousandths of base units (a thousandth of a GPU, a micro-CPU)."""
+DecayedUsageOf = Callable[[QuotaNode], Mapping[str, int]]
+"""A node's decayed usage per resource (``DECAYED_SCALE`` x base units, flavors summed), for
+decayed fair sharing."""
 
 _PER_MILLE = 1000
 _PRECISION = 1000
@@ -58,21 +77,23 @@ def dominant_resource_share(
     extra: Usage | None = None,
     *,
     lendable_cache: dict[str, dict[str, int]] | None = None,
+    decayed: Mapping[str, int] | None = None,
 ) -> Share:
     """The DRS of ``node`` if ``extra`` usage were added to it (removed, if negative).
 
     ``lendable_cache`` maps a parent's name to ``lendable(parent)``; it depends only on
     quotas, so callers may keep it for as long as the tree's structure does not change.
+    ``decayed``: the node's decayed usage per resource (``DECAYED_SCALE`` x base units),
+    used instead of what it holds now.
     """
     parent = node.parent
     if parent is None:
         return ZERO_SHARE
     extra = extra or {}
-    borrowed: dict[str, int] = {}
-    for fr in set(node.subtree) | set(extra):
-        amount = node.usage.get(fr, 0) + extra.get(fr, 0) - node.subtree.get(fr, 0)
-        if amount > 0:
-            borrowed[fr[1]] = borrowed.get(fr[1], 0) + amount
+    if decayed is None:
+        borrowed, scale = _borrowed_now(node, extra), 1
+    else:
+        borrowed, scale = _borrowed_decayed(node, extra, decayed), DECAYED_SCALE
     if not borrowed:
         return ZERO_SHARE
     if lendable_cache is None:
@@ -86,7 +107,7 @@ def dominant_resource_share(
         return Share(INFINITE_SHARE, min(borrowed), True)
     best, best_resource = 0, ""
     for resource in sorted(borrowed):
-        lend = capacity.get(resource, 0)
+        lend = capacity.get(resource, 0) * scale
         if lend <= 0:
             continue
         value = borrowed[resource] * _PER_MILLE * _PRECISION * 1000 // (lend * node.fair_weight)
@@ -95,20 +116,50 @@ def dominant_resource_share(
     return Share(best, best_resource, True)
 
 
+def _borrowed_now(node: QuotaNode, extra: Usage) -> dict[str, int]:
+    """Per resource, what ``node`` holds beyond its subtree quota, flavor by flavor."""
+    borrowed: dict[str, int] = {}
+    for fr in set(node.subtree) | set(extra):
+        amount = node.usage.get(fr, 0) + extra.get(fr, 0) - node.subtree.get(fr, 0)
+        if amount > 0:
+            borrowed[fr[1]] = borrowed.get(fr[1], 0) + amount
+    return borrowed
+
+
+def _borrowed_decayed(node: QuotaNode, extra: Usage, decayed: Mapping[str, int]) -> dict[str, int]:
+    """Per resource, the decayed usage plus ``extra`` beyond the subtree quota (flavors
+    summed: decayed usage is kept per resource, as Kueue's ``consumedResources``), in
+    ``DECAYED_SCALE`` x base units."""
+    totals = dict(decayed)
+    for fr, amount in extra.items():
+        totals[fr[1]] = totals.get(fr[1], 0) + amount * DECAYED_SCALE
+    for fr, quota in node.subtree.items():
+        totals[fr[1]] = totals.get(fr[1], 0) - quota * DECAYED_SCALE
+    return {resource: amount for resource, amount in totals.items() if amount > 0}
+
+
 def share_path(
     node: QuotaNode,
     extra: Mapping[FlavorResource, int] | None,
     *,
     lendable_cache: dict[str, dict[str, int]] | None = None,
+    decayed: DecayedUsageOf | None = None,
 ) -> tuple[int, ...]:
     """Shares from the top of the tree down to ``node``, each with ``extra`` added.
 
     Comparing these tuples orders candidates the way Kueue's hierarchical fair-sharing
     tournament does in the common cases: first by the share of their top-level subtree,
-    then by the next level down.
+    then by the next level down. ``decayed``: each node's decayed usage (decayed fair
+    sharing) instead of what it holds now.
     """
     chain = [n for n in node.path_to_root() if n.parent is not None]
     chain.reverse()
     return tuple(
-        dominant_resource_share(n, extra, lendable_cache=lendable_cache).value for n in chain
+        dominant_resource_share(
+            n,
+            extra,
+            lendable_cache=lendable_cache,
+            decayed=None if decayed is None else decayed(n),
+        ).value
+        for n in chain
     )

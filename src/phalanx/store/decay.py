@@ -1,9 +1,11 @@
-"""A LocalQueue's decayed usage (admission fair sharing), rebuilt from the store's history.
+"""A queue's decayed usage, rebuilt from the store's history: a LocalQueue's (admission fair
+sharing) or a ClusterQueue's (decayed fair sharing).
 
-A leader restores each LocalQueue's decayed usage from its status
+A leader restores each queue's decayed usage from its status
 (``fairSharing.admissionFairSharingStatus``). When a status has none — a LocalQueue migrated
-from a Kueue without admission fair sharing, or a status lost — the leader rebuilds it here
-from the reservations the store holds for that LocalQueue: each reservation, held from its
+from a Kueue without admission fair sharing, decayed fair sharing just turned on, or a status
+lost — the leader rebuilds it here from the reservations the store holds in that queue
+(a Workload's reservations elsewhere do not count): each reservation, held from its
 ``quota_reserved`` until what ended it (``quota_released``, ``finished``, ``deleted``; a later
 reservation of the same Workload ends it at the eviction before it, or at itself) or until
 ``at`` if still open, contributes the decay kernel integrated exactly over that time
@@ -21,13 +23,13 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 
-from sqlalchemy import Engine, select
+from sqlalchemy import ColumnElement, Engine, and_, select
 
 from phalanx.admission.fair_usage import interval_consumed, kueue_amount
 from phalanx.store import events as ev
 from phalanx.store.models import EventResource, WorkloadEvent
 
-__all__ = ["local_queue_consumed"]
+__all__ = ["cluster_queue_consumed", "local_queue_consumed"]
 
 _ENDS = (ev.QUOTA_RELEASED, ev.FINISHED, ev.DELETED)
 
@@ -42,17 +44,36 @@ def local_queue_consumed(
 ) -> dict[str, float]:
     """``consumedResources`` of LocalQueue ``namespace/local_queue`` at ``at`` (naive UTC)
     from its stored reservations; empty when the store holds none (or the half-life is 0)."""
+    reserved_in = and_(
+        WorkloadEvent.namespace == namespace, WorkloadEvent.local_queue == local_queue
+    )
+    return _consumed(engine, reserved_in, at=at, half_life_seconds=half_life_seconds)
+
+
+def cluster_queue_consumed(
+    engine: Engine, *, cluster_queue: str, at: dt.datetime, half_life_seconds: float
+) -> dict[str, float]:
+    """``consumedResources`` of ClusterQueue ``cluster_queue`` at ``at`` (naive UTC) from its
+    stored reservations; empty when the store holds none (or the half-life is 0)."""
+    reserved_in = WorkloadEvent.cluster_queue == cluster_queue
+    return _consumed(engine, reserved_in, at=at, half_life_seconds=half_life_seconds)
+
+
+def _consumed(
+    engine: Engine,
+    reserved_in: ColumnElement[bool],
+    *,
+    at: dt.datetime,
+    half_life_seconds: float,
+) -> dict[str, float]:
+    """Decayed usage at ``at`` of the reservations matching ``reserved_in``."""
     if half_life_seconds <= 0:
         return {}
     # Events older than ~60 half-lives contribute less than 1e-18 of their amount.
     horizon = at - dt.timedelta(seconds=60 * half_life_seconds)
     uids = (
         select(WorkloadEvent.uid)
-        .where(
-            WorkloadEvent.namespace == namespace,
-            WorkloadEvent.local_queue == local_queue,
-            WorkloadEvent.transition == ev.QUOTA_RESERVED,
-        )
+        .where(reserved_in, WorkloadEvent.transition == ev.QUOTA_RESERVED)
         .distinct()
     )
     with engine.connect() as connection:
@@ -67,6 +88,7 @@ def local_queue_consumed(
             .join(WorkloadEvent, WorkloadEvent.id == EventResource.event_id)
             .where(
                 WorkloadEvent.uid.in_(uids),
+                reserved_in,
                 WorkloadEvent.transition == ev.QUOTA_RESERVED,
                 WorkloadEvent.at <= at,
             )

@@ -13,7 +13,7 @@ from store_builders import condition, workload
 from phalanx.admission import fair_usage as afs
 from phalanx.store import db
 from phalanx.store import events as ev
-from phalanx.store.decay import local_queue_consumed
+from phalanx.store.decay import cluster_queue_consumed, local_queue_consumed
 
 GPU = "nvidia.com/gpu"
 HOUR = 3600.0
@@ -108,4 +108,41 @@ def test_rebuilt_usage_equals_kueue_sampling_every_minute(store_url: str) -> Non
         gpus = 3.0 if minute <= 5 * 60 else (1.0 if minute > 6 * 60 else 0.0)
         consumed = afs.decayed(consumed, {GPU: gpus}, 60_000, 2 * 3_600_000)
     assert rebuilt[GPU] == pytest.approx(consumed[GPU], rel=1e-9)
+    engine.dispose()
+
+
+def test_a_cluster_queue_counts_only_the_reservations_it_held(store_url: str) -> None:
+    """Decayed fair sharing rebuilds a ClusterQueue's usage the same way. w1 held 4 GPUs in
+    cq from 0h to 1h (evicted, released), then from 2h in cq-b, still held at 4h (half-life
+    1h): cq counts 4 x (0.5^3 - 0.5^4) = 0.25 GPU, cq-b 4 x (1 - 0.5^2) = 3."""
+    first = workload(
+        uid="w1",
+        name="w1",
+        created=_at(0),
+        cluster_queue="cq",
+        conditions=[condition("QuotaReserved", _at(0))],
+    )
+    evicted = workload(
+        uid="w1",
+        name="w1",
+        created=_at(0),
+        cluster_queue="cq",
+        conditions=[
+            condition("Evicted", _at(1)),
+            condition("QuotaReserved", _at(1), status="False"),
+        ],
+    )
+    moved = workload(
+        uid="w1",
+        name="w1",
+        created=_at(0),
+        cluster_queue="cq-b",
+        conditions=[condition("QuotaReserved", _at(2))],
+    )
+    engine = _store(store_url, first, evicted, moved)
+    at = dt.datetime(2026, 1, 1, 4)
+    here = cluster_queue_consumed(engine, cluster_queue="cq", at=at, half_life_seconds=HOUR)
+    there = cluster_queue_consumed(engine, cluster_queue="cq-b", at=at, half_life_seconds=HOUR)
+    assert here[GPU] == pytest.approx(0.25)
+    assert there[GPU] == pytest.approx(3.0)
     engine.dispose()
