@@ -67,6 +67,7 @@ class LeaderWorkerSetController:
         self._pods_of: dict[str, set[str]] = {}  # set key -> keys of its marked pods
         self._set_of_pod: dict[str, str] = {}
         self._told: dict[str, str] = {}
+        self._waiting_for_class: dict[str, set[str]] = {}  # class name -> set keys
         state.subscribe(self._on_change)
 
     def start(self) -> None:
@@ -87,6 +88,9 @@ class LeaderWorkerSetController:
             self._track(key, _owner_key(obj), self._workloads_of, self._set_of_workload)
         elif kind == "Pod":
             self._track(key, _set_key_of_pod(key, obj), self._pods_of, self._set_of_pod)
+        elif kind == "WorkloadPriorityClass" and obj is not None:
+            for waiting in sorted(self._waiting_for_class.pop(key, ())):
+                self.work.add(waiting)
 
     def _track(
         self,
@@ -143,6 +147,7 @@ class LeaderWorkerSetController:
                 },
             )
         except jobs.WorkloadPriorityClassNotFound as missing:
+            self._waiting_for_class.setdefault(missing.name, set()).add(key)
             await self._tell(obj, "WorkloadPriorityClassNotFound", str(missing))
             return
         body = lws.workload_manifest(

@@ -282,7 +282,7 @@ class DeletingApi(ScriptedApi):
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, obj: dict[str, Any] | None = None) -> None:
         self.api = DeletingApi()
         self.state = ClusterState()
         writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
@@ -306,7 +306,7 @@ class Harness:
             None,
             {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"g": "1"}}},
         )
-        self.put("leaderworkersets", lws.KIND, an_lws())
+        self.put("leaderworkersets", lws.KIND, obj or an_lws())
 
     def put(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
@@ -382,5 +382,32 @@ def test_a_groups_pods_are_labelled_then_ungated_only_on_its_admission() -> None
         # Serving: a group whose pods are not all there is never finished.
         conditions = h.api.objects[("workloads", group_key)]["status"]["conditions"]
         assert not any(c["type"] == "Finished" for c in conditions)
+
+    asyncio.run(main())
+
+
+def test_a_missing_priority_class_is_told_and_its_creation_retries_the_set() -> None:
+    # Catches: a set whose WorkloadPriorityClass is created after it never getting its
+    # Workloads (nothing else queues it once its pods have settled).
+    async def main() -> None:
+        h = Harness(an_lws(**{"kueue.x-k8s.io/priority-class": "low"}))
+
+        def events() -> list[str]:
+            return [o["reason"] for (kind, _), o in h.api.objects.items() if kind == "events"]
+
+        async def until(done: Any) -> None:
+            for _ in range(200):
+                if done():
+                    return
+                await asyncio.sleep(0.01)
+
+        h.sets.work.start()
+        await until(lambda: events() == ["WorkloadPriorityClassNotFound"])
+        assert events() == ["WorkloadPriorityClassNotFound"] and h.workloads() == {}
+        h.state.apply("WorkloadPriorityClass", "ADDED", {"metadata": {"name": "low"}, "value": 10})
+        await until(lambda: len(h.workloads()) == 2)
+        await h.sets.stop()
+        assert len(h.workloads()) == 2
+        assert {w["spec"]["priority"] for w in h.workloads().values()} == {10}
 
     asyncio.run(main())
