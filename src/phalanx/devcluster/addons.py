@@ -484,3 +484,111 @@ def _files(paths: Iterable[Path]) -> list[str]:
 
 def _free_ports(count: int) -> list[int]:
     return components._ephemeral_ports(count)
+
+
+# -- LeaderWorkerSet ----------------------------------------------------------------------------
+# Its manager (sigs.k8s.io/lws/cmd) serves webhooks for LeaderWorkerSets (defaulting and
+# validation) and for their pods (labels: group index, worker index, exclusive placement).
+# As for JobSet: no internal cert rotation, loopback webhooks with the devcluster's serving
+# certificate, and the pod webhooks only for LWS pods (the ``leaderworkerset.sigs.k8s.io/name``
+# label its StatefulSets put on every pod they create).
+
+_LWS_POD_LABEL = "leaderworkerset.sigs.k8s.io/name"
+
+
+def _lws_config(launch: Launch) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.lws.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {
+            "host": "127.0.0.1",
+            "port": launch.webhook_port,
+            "certDir": str(launch.cert_dir),
+        },
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
+    }
+
+
+def _lws_arguments(launch: Launch) -> list[str]:
+    config = launch.folder / "config.yaml"
+    config.write_text(yaml.safe_dump(_lws_config(launch), sort_keys=False))
+    return [
+        f"--config={config}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{launch.health_port}",
+        "--leader-elect=false",
+        "--zap-devel=false",
+        "--zap-log-level=info",
+    ]
+
+
+def lws_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """LWS's webhook configurations (its config/webhook/manifests.yaml) with a loopback URL;
+    the pod webhooks only for LWS pods."""
+    url = f"https://127.0.0.1:{port}"
+    ca = base64.b64encode(ca_bundle).decode()
+    lws_pods = {"matchExpressions": [{"key": _LWS_POD_LABEL, "operator": "Exists"}]}
+
+    def hook(name: str, path: str, pods: bool, ops: list[str]) -> dict[str, Any]:
+        group, version, resource = (
+            ("", "v1", "pods") if pods else ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+        )
+        webhook: dict[str, Any] = {
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": f"{url}{path}", "caBundle": ca},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 10,
+            "rules": [
+                {
+                    "apiGroups": [group],
+                    "apiVersions": [version],
+                    "operations": ops,
+                    "resources": [resource],
+                }
+            ],
+        }
+        if pods:
+            webhook["objectSelector"] = lws_pods
+        return webhook
+
+    lws_path = "leaderworkerset-x-k8s-io-v1-leaderworkerset"
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-lws-mutating"},
+            "webhooks": [
+                hook("mleaderworkerset.kb.io", f"/mutate-{lws_path}", False, ["CREATE", "UPDATE"]),
+                hook("mpod.kb.io", "/mutate--v1-pod", True, ["CREATE"]),
+            ],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-lws-validating"},
+            "webhooks": [
+                hook(
+                    "vleaderworkerset.kb.io", f"/validate-{lws_path}", False, ["CREATE", "UPDATE"]
+                ),
+                hook("vpod.kb.io", "/validate--v1-pod", True, ["CREATE", "UPDATE"]),
+            ],
+        },
+    ]
+
+
+LWS = Addon(
+    name="lws",
+    module="sigs.k8s.io/lws",
+    version="v0.7.0",
+    package="sigs.k8s.io/lws/cmd",
+    binary="lws-controller",
+    crd_dir="config/crd/bases",
+    arguments=_lws_arguments,
+    webhooks=lambda port, ca: lws_webhooks(port=port, ca_bundle=ca),
+)
+ADDONS[LWS.name] = LWS

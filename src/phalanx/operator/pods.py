@@ -31,7 +31,10 @@ __all__ = [
     "GROUP_TOTAL_COUNT_ANNOTATION",
     "IS_GROUP_WORKLOAD_ANNOTATION",
     "MANAGED_LABEL",
+    "PREBUILT_WORKLOAD_LABEL",
     "ROLE_HASH_ANNOTATION",
+    "SERVING_ANNOTATION",
+    "SUSPENDING_PARENT_ANNOTATION",
     "Group",
     "InvalidPodGroup",
     "admission_defaults",
@@ -41,8 +44,11 @@ __all__ = [
     "group_pod_sets",
     "owned_by_controller",
     "pod_set_of",
+    "prebuilt",
     "role_hash",
+    "serving",
     "start_patch",
+    "suspending_parent",
     "terminal",
     "total_count",
     "workload_for_group",
@@ -55,6 +61,13 @@ GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 ROLE_HASH_ANNOTATION = "kueue.x-k8s.io/role-hash"
 IS_GROUP_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/is-group-workload"
 MANAGED_LABEL = "kueue.x-k8s.io/managed"
+SUSPENDING_PARENT_ANNOTATION = "kueue.x-k8s.io/pod-suspending-parent"
+"""On the pods of a parent that cannot be suspended (a LeaderWorkerSet): the parent's
+framework, which queues them as pod groups it names."""
+SERVING_ANNOTATION = "kueue.x-k8s.io/pod-group-serving"
+"""A serving group's pods run until removed: its Workload never finishes."""
+PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+"""The group's Workload is made by the parent's controller, not from the pods."""
 _TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
 _PODSET_LABEL = "kueue.x-k8s.io/podset"
 _SINGLE_POD_SET = "main"
@@ -71,6 +84,8 @@ class Group:
     namespace: str
     name: str
     is_group: bool
+    parent: str | None = None
+    """The framework of the parent that suspends the pods (None: the ``pod`` framework's)."""
 
     @property
     def key(self) -> str:
@@ -85,12 +100,42 @@ def owned_by_controller(pod: Mapping[str, Any]) -> bool:
     return any(o.get("controller") for o in owners)
 
 
+def suspending_parent(pod: Mapping[str, Any]) -> str | None:
+    """The framework whose parent object suspends the Pod (a LeaderWorkerSet's pods)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(SUSPENDING_PARENT_ANNOTATION)
+    return str(value) if value else None
+
+
+def serving(pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the group serves (its pods never finish as a group)."""
+    return any(
+        ((p.get("metadata") or {}).get("annotations") or {}).get(SERVING_ANNOTATION) == "true"
+        for p in pods
+    )
+
+
+def prebuilt(pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the group's Workload is made by its parent's controller."""
+    return any(
+        ((p.get("metadata") or {}).get("labels") or {}).get(PREBUILT_WORKLOAD_LABEL) for p in pods
+    )
+
+
 def group_of(pod: Mapping[str, Any]) -> Group | None:
     """The queued Pod's group; None for a Pod without a queue name, or made by a controller
-    (not the pod integration's)."""
+    (not the pod integration's) unless a suspending parent put it into a named group."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    if not labels.get(integration.QUEUE_LABEL) or owned_by_controller(pod):
+    if not labels.get(integration.QUEUE_LABEL):
+        return None
+    parent = suspending_parent(pod)
+    if parent is not None:
+        # Its parent's controller names its group; until then it is no group's.
+        name = labels.get(GROUP_NAME_LABEL)
+        namespace = str(metadata.get("namespace"))
+        return Group(namespace, str(name), is_group=True, parent=parent) if name else None
+    if owned_by_controller(pod):
         return None
     group = labels.get(GROUP_NAME_LABEL)
     if group:

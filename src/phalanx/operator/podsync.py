@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from phalanx.operator import conditions as cond
@@ -42,12 +43,16 @@ class PodGroupController:
         *,
         ready: asyncio.Event | None = None,
         enabled: bool = True,
+        parents: Collection[str] = (),
     ) -> None:
         self.api = api
         self.state = state
         self.writer = writer
         self.metrics = metrics
         self.enabled = enabled
+        # The enabled frameworks whose parents suspend their pods as pod groups (a
+        # LeaderWorkerSet's): their groups run whether or not ``pod`` itself is enabled.
+        self.parents = frozenset(parents)
         self.ready = ready or asyncio.Event()
         if ready is None:
             self.ready.set()
@@ -111,18 +116,21 @@ class PodGroupController:
         if group is None:
             return
         live = self._live_pods(group_key)
-        if not self.enabled:
+        enabled = self.enabled if group.parent is None else group.parent in self.parents
+        if not enabled:
             if live:
                 await self._tell(
                     group_key,
                     live,
                     "IntegrationNotEnabled",
-                    integration.disabled_message(framework=FRAMEWORK, kind="Pod"),
+                    integration.disabled_message(framework=group.parent or FRAMEWORK, kind="Pod"),
                     warning=False,
                 )
             return
         workload = self._workload(group, live)
         if workload is None:
+            if pods.prebuilt(live):
+                return  # its parent's controller makes it; its creation queues the group
             if live and all(pods.gated(p) for p in live if not pods.terminal(p)):
                 await self._create_workload(group, live)
             return
@@ -145,7 +153,7 @@ class PodGroupController:
                 if injection is not None:
                     await self._start_pod(pod, workload["metadata"]["name"], injection)
         total = sum(int(ps.get("count", 1)) for ps in workload["spec"].get("podSets") or ())
-        if len(live) < total:
+        if len(live) < total and not pods.serving(live):
             await self._maybe_finish(group, wl_key, total)
 
     def _workload(self, group: pods.Group, live: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -284,10 +292,11 @@ class PodGroupController:
 
 def _group_key_of_workload(workload: dict[str, Any]) -> str | None:
     metadata = workload.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    if annotations.get(pods.IS_GROUP_WORKLOAD_ANNOTATION) == "true":
+        # Owned by its pods, or by the parent that made it for them (a LeaderWorkerSet).
+        return f"{metadata.get('namespace')}/{metadata.get('name')}"
     owners = [o for o in metadata.get("ownerReferences") or () if o.get("kind") == "Pod"]
     if not owners:
         return None
-    annotations = metadata.get("annotations") or {}
-    if annotations.get(pods.IS_GROUP_WORKLOAD_ANNOTATION) == "true":
-        return f"{metadata.get('namespace')}/{metadata.get('name')}"
     return f"{metadata.get('namespace')}/{owners[0].get('name')}"

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from phalanx.operator import kubeconfig
+from phalanx.operator import kubeconfig, lws
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
@@ -48,6 +48,7 @@ from phalanx.operator.kube import (
 )
 from phalanx.operator.leader import FencedApi, LeaderElector
 from phalanx.operator.loop import SchedulingLoop
+from phalanx.operator.lwssync import LEADER_WORKER_SETS, LeaderWorkerSetController
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.podlabel import ServingLabel
 from phalanx.operator.podsync import FRAMEWORK as FRAMEWORK_POD
@@ -362,8 +363,16 @@ class PhalanxOperator:
                 self.metrics,
                 ready=self.synced_event,
                 enabled=FRAMEWORK_POD in self.config.frameworks,
+                parents=[f for f in (lws.FRAMEWORK,) if f in self.config.frameworks],
             )
             if self.config.manage_jobs
+            else None
+        )
+        self.leader_worker_sets = (
+            LeaderWorkerSetController(
+                write_api, self.state, self.writer, self.metrics, ready=self.synced_event
+            )
+            if self.config.manage_jobs and lws.FRAMEWORK in self.config.frameworks
             else None
         )
         self.kinds = (
@@ -434,6 +443,7 @@ class PhalanxOperator:
                 self.writer,
                 self.jobs,
                 self.pod_groups,
+                self.leader_worker_sets,
                 *self.kinds,
                 self.ungate,
                 self.queue_status,
@@ -468,6 +478,14 @@ class PhalanxOperator:
                     spec.child.state_kind,
                     label_selector=spec.child.owner_label,
                 )
+        if lws.FRAMEWORK in self.config.frameworks:
+            # Not suspended like the kinds above: admitted per group through its pods.
+            self._start_informer(
+                LEADER_WORKER_SETS,
+                lws.KIND,
+                label_selector="kueue.x-k8s.io/queue-name",
+                optional=True,
+            )
         self._start_informer(PODS, "Pod", field_selector=_LIVE_PODS)
         self._start_informer(NODES, "Node")
         if self.conversion is not None:

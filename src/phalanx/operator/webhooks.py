@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp.web
 import kopf
 
-from phalanx.operator import jobs, pods
+from phalanx.operator import jobs, lws, pods
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import WebhookConfig
 from phalanx.operator.job_validation import validate_job
@@ -145,6 +145,8 @@ def register_webhooks(
     for spec in OWNED_KINDS:
         if spec.rules.framework in frameworks:
             _register_kind_webhooks(registry, spec, persistent=persistent)
+    if lws.FRAMEWORK in frameworks:
+        _register_lws_webhooks(registry, persistent=persistent)
     for plural, kind in KUEUE_KINDS:
         _register_validation(
             registry, plural=plural, kind=kind, validator=validator, persistent=persistent
@@ -253,6 +255,59 @@ def _register_kind_webhooks(
                 raise kopf.AdmissionError(
                     f"{kind} {name!r} is invalid: " + "; ".join(errors), code=422
                 )
+
+
+def _register_lws_webhooks(registry: kopf.OperatorRegistry, *, persistent: bool) -> None:
+    """A queued LeaderWorkerSet cannot be suspended: its templates are marked so that each
+    pod its StatefulSets make is created gated, and queued per group (Kueue's rule)."""
+
+    @kopf.on.mutate(
+        lws.GROUP,
+        "v1",
+        lws.PLURAL,
+        id="mark-queued-leaderworkersets",
+        operations=["CREATE", "UPDATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def mark_templates(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        _merge(patch, lws.template_defaults(body))
+
+    @kopf.on.validate(
+        lws.GROUP,
+        "v1",
+        lws.PLURAL,
+        id="validate-queued-leaderworkersets",
+        operations=["CREATE", "UPDATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def validate_queued(body: kopf.Body, **kwargs: Any) -> None:
+        errors = lws.validate_lws(body, old=kwargs.get("old"))
+        if errors:
+            name = body.get("metadata", {}).get("name", "")
+            raise kopf.AdmissionError(
+                f"LeaderWorkerSet {name!r} is invalid: " + "; ".join(errors), code=422
+            )
+
+    @kopf.on.mutate(
+        "",
+        "v1",
+        "pods",
+        id="gate-leaderworkerset-pods",
+        operations=["CREATE"],
+        labels={jobs.QUEUE_LABEL: kopf.PRESENT},
+        annotations={pods.SUSPENDING_PARENT_ANNOTATION: lws.FRAMEWORK},
+        persistent=persistent,
+        registry=registry,
+    )
+    async def gate_pod(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        defaults = pods.admission_defaults(body)
+        patch.setdefault("metadata", {})["labels"] = defaults["labels"]
+        patch["metadata"]["annotations"] = defaults["annotations"]
+        patch.setdefault("spec", {})["schedulingGates"] = defaults["schedulingGates"]
 
 
 def _merge(patch: dict[str, Any], fields: Mapping[str, Any]) -> None:

@@ -14,8 +14,8 @@ from phalanx.devcluster import addons, pins
 def test_with_names_are_split_deduplicated_and_checked() -> None:
     assert addons.parse_names(["jobset", "jobset,"]) == ("jobset",)
     assert addons.parse_names([]) == ()
-    with pytest.raises(addons.AddonError, match=r"unknown addon.*lws.*can start jobset"):
-        addons.parse_names(["jobset,lws"])
+    with pytest.raises(addons.AddonError, match=r"unknown addon.*nope.*can start jobset"):
+        addons.parse_names(["jobset,nope"])
 
 
 def test_the_cache_folder_is_keyed_by_the_addons_own_go_mod(
@@ -53,3 +53,37 @@ def test_jobset_webhooks_are_jobsets_own_by_loopback_url_and_pods_only_of_jobset
             "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
         }
     assert "objectSelector" not in hooks["mjobset.kb.io"]
+
+
+def test_the_checkout_pins_lws_at_the_version_the_addon_names() -> None:
+    gomod = (pins.repo_root() / "devcluster" / "lws" / "go.mod").read_text()
+    assert f"sigs.k8s.io/lws {addons.LWS.version}" in gomod
+    assert addons.parse_names(["lws"]) == ("lws",)
+
+
+def test_lws_webhooks_are_lws_own_by_loopback_url_and_pods_only_of_lws() -> None:
+    # Catches: a pod webhook without the objectSelector (every pod of the cluster would wait
+    # on the addon) or a path the LWS manager does not serve.
+    mutating, validating = addons.lws_webhooks(port=4443, ca_bundle=b"CA")
+    hooks = {h["name"]: h for doc in (mutating, validating) for h in doc["webhooks"]}
+    assert set(hooks) == {
+        "mleaderworkerset.kb.io",
+        "mpod.kb.io",
+        "vleaderworkerset.kb.io",
+        "vpod.kb.io",
+    }
+    assert hooks["mleaderworkerset.kb.io"]["clientConfig"] == {
+        "url": "https://127.0.0.1:4443/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+        "caBundle": base64.b64encode(b"CA").decode(),
+    }
+    assert hooks["vpod.kb.io"]["clientConfig"]["url"] == "https://127.0.0.1:4443/validate--v1-pod"
+    for name in ("mpod.kb.io", "vpod.kb.io"):
+        assert hooks[name]["objectSelector"] == {
+            "matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]
+        }
+        assert hooks[name]["rules"][0]["resources"] == ["pods"]
+    assert "objectSelector" not in hooks["mleaderworkerset.kb.io"]
+    assert (
+        mutating["metadata"]["name"]
+        != addons.jobset_webhooks(port=1, ca_bundle=b"")[0]["metadata"]["name"]
+    )
