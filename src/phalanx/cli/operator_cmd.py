@@ -446,9 +446,8 @@ def _admission_fair_sharing(
 def _store_url(value: str | None) -> str | None:
     from phalanx.store.db import default_url
 
-    if value == "off":
-        return None
-    return value or default_url()
+    url = value or default_url()  # $PHALANX_STORE may say off too (the manifests' default)
+    return None if url == "off" else url
 
 
 def _webhook_timeout(value: str) -> int:

@@ -193,3 +193,19 @@ def test_the_operator_is_told_the_webhook_timeout_the_configurations_ship():
             for w in o["webhooks"]
         }
         assert timeouts == {int(flag.split("=", 1)[1])}
+
+
+def test_the_store_secret_value_matches_the_store_component():
+    """``store.existingSecret`` renders what manifests/components/store does: the URL of the
+    usage history store from the Secret's ``url`` key instead of ``off``."""
+    chart = helm_template("store.existingSecret=phalanx-store")
+    _compare(chart, kustomize(MANIFESTS / "default", components=("store",)))
+    (deployment,) = [o for o in chart if o["kind"] == "Deployment"]
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PHALANX_STORE"]["valueFrom"]["secretKeyRef"] == {
+        "name": "phalanx-store",
+        "key": "url",
+    }
+    (default,) = [o for o in helm_template() if o["kind"] == "Deployment"]
+    env = {e["name"]: e for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PHALANX_STORE"] == {"name": "PHALANX_STORE", "value": "off"}
