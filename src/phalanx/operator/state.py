@@ -35,11 +35,13 @@ KINDS = (
     "Job",
     "JobSet",
     "JobSetJob",
+    "PyTorchJob",
     "Pod",
     "Node",
 )
 _NAMESPACED = frozenset(
     {"LocalQueue", "Workload", "Job", "JobSet", "JobSetJob", "Pod", "ProvisioningRequest"}
+    | {"PyTorchJob"}
 )
 
 
