@@ -86,6 +86,9 @@ class Addon:
     health_path: str = "/readyz"
     crd_glob: str = "*.yaml"
     """Which files of :attr:`crd_dir` are the CRDs to install."""
+    sources: tuple[str, ...] = ()
+    """Files of :attr:`gomod_dir` beside go.mod/go.sum that the build compiles (a main of
+    our own): they key the cache folder too, so that changing one rebuilds."""
 
     @property
     def gomod_dir(self) -> str:
@@ -130,7 +133,7 @@ class AddonCache:
 def addon_cache(addon: Addon, root: Path | None = None) -> AddonCache:
     root = root or pins.repo_root()
     digest = hashlib.sha256()
-    for rel in ("go.mod", "go.sum"):
+    for rel in ("go.mod", "go.sum", *addon.sources):
         path = root / addon.gomod_dir / rel
         if not path.is_file():
             raise AddonError(f"{addon.gomod_dir}/{rel} is missing from the checkout at {root}")
@@ -548,6 +551,7 @@ PYTORCH = Addon(
     binary="pytorch-controller",
     crd_dir="manifests/base/crds",
     crd_glob="kubeflow.org_pytorchjobs.yaml",
+    sources=("main.go",),
     arguments=_pytorch_arguments,
     webhooks=lambda port, ca: pytorch_webhooks(port=port, ca_bundle=ca),
     health_path="/readyz",
