@@ -15,6 +15,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from test_operator_jobsync_flow import ScriptedApi
+from test_operator_ungate import ScriptedPods
 
 from phalanx.operator import integration, jobs
 from phalanx.operator import pytorchjob as pt
@@ -24,7 +25,9 @@ from phalanx.operator.kinds import by_framework
 from phalanx.operator.kindsync import KindController
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
+from phalanx.operator.ungate import GateRemover
 from phalanx.operator.writer import StatusWriter, WriteOutcome
+from phalanx.placement import encode_topology_assignment
 
 NS = "team-a"
 
@@ -441,3 +444,76 @@ def test_pytorchjob_state_kind_is_namespaced_and_tracked() -> None:
     state.apply("PyTorchJob", "ADDED", a_pytorchjob())
     assert state.get("PyTorchJob", f"{NS}/trainer") is not None
     assert jobs.queue_name(a_pytorchjob()) == "lq"
+
+
+# -- topology: its pods released into the domains by their replica index ------------------------
+
+
+def test_gated_workers_go_to_the_domain_of_their_replica_index() -> None:
+    """The gate remover reads the pod index from the label the pod set's topology request
+    names: worker 0 to the first rack, worker 1 to the second, whatever their names' order."""
+    rack = "cloud.provider.com/topology-rack"
+    workload = {
+        "metadata": {"name": "wl", "namespace": NS, "resourceVersion": "1"},
+        "spec": {
+            "podSets": [
+                {
+                    "name": "worker",
+                    "count": 2,
+                    "topologyRequest": {
+                        "required": rack,
+                        "podIndexLabel": pt.REPLICA_INDEX_LABEL,
+                    },
+                }
+            ]
+        },
+        "status": {
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {
+                        "name": "worker",
+                        "count": 2,
+                        "topologyAssignment": encode_topology_assignment(
+                            [rack], [(("r0",), 1), (("r1",), 1)]
+                        ),
+                    }
+                ],
+            }
+        },
+    }
+
+    def worker(name: str, index: int) -> dict[str, Any]:
+        labels = {jobs.PODSET_LABEL: "worker", pt.REPLICA_INDEX_LABEL: str(index)}
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "resourceVersion": "1",
+                "labels": labels,
+                "annotations": {jobs.WORKLOAD_ANNOTATION: "wl"},
+            },
+            "spec": {"schedulingGates": [{"name": jobs.TOPOLOGY_GATE}]},
+        }
+
+    async def main() -> None:
+        state = ClusterState()
+        api = ScriptedPods(state, {})
+        remover = GateRemover(api, state, Metrics())  # type: ignore[arg-type]
+        remover.start()
+        try:
+            state.apply("Workload", "ADDED", workload)
+            # Named against their index: by name alone "a" would take the first rack.
+            state.apply("Pod", "ADDED", worker("a-worker", 1))
+            state.apply("Pod", "ADDED", worker("b-worker", 0))
+            for name in ("a-worker", "b-worker"):
+                await asyncio.wait_for(api.event(name).wait(), 5.0)
+            selectors = {
+                name: (state.get("Pod", f"{NS}/{name}") or {})["spec"].get("nodeSelector")
+                for name in ("a-worker", "b-worker")
+            }
+        finally:
+            await remover.stop()
+        assert selectors == {"b-worker": {rack: "r0"}, "a-worker": {rack: "r1"}}
+
+    asyncio.run(main())
