@@ -84,6 +84,11 @@ class Addon:
     """The webhook configurations to register once it is ready, from its webhook port and
     the CA bundle (None: it serves none)."""
     health_path: str = "/readyz"
+    crd_glob: str = "*.yaml"
+    """Which files of :attr:`crd_dir` are the CRDs to install."""
+    sources: tuple[str, ...] = ()
+    """Files of :attr:`gomod_dir` beside go.mod/go.sum that the build compiles (a main of
+    our own): they key the cache folder too, so that changing one rebuilds."""
 
     @property
     def gomod_dir(self) -> str:
@@ -128,7 +133,7 @@ class AddonCache:
 def addon_cache(addon: Addon, root: Path | None = None) -> AddonCache:
     root = root or pins.repo_root()
     digest = hashlib.sha256()
-    for rel in ("go.mod", "go.sum"):
+    for rel in ("go.mod", "go.sum", *addon.sources):
         path = root / addon.gomod_dir / rel
         if not path.is_file():
             raise AddonError(f"{addon.gomod_dir}/{rel} is missing from the checkout at {root}")
@@ -186,7 +191,7 @@ def _copy_crds(addon: Addon, *, go: Path, module_dir: Path, into: Path) -> None:
     if proc.returncode != 0:
         raise AddonError(f"go mod download {addon.module}@{addon.version}: {proc.stderr.strip()}")
     source = Path(json.loads(proc.stdout)["Dir"]) / addon.crd_dir
-    crds = sorted(source.glob("*.yaml"))
+    crds = sorted(source.glob(addon.crd_glob))
     if not crds:
         raise AddonError(f"no CRDs in {source}")
     into.mkdir(parents=True, exist_ok=True)
@@ -592,3 +597,71 @@ LWS = Addon(
     webhooks=lambda port, ca: lws_webhooks(port=port, ca_bundle=ca),
 )
 ADDONS[LWS.name] = LWS
+
+
+# -- Kubeflow training-operator (PyTorchJob) ------------------------------------------------------
+#
+# The module's own command (cmd/training-operator.v1) always rotates its webhook certificate
+# into a Secret for the in-cluster Service name and serves on every interface, which nothing
+# on loopback can reach. devcluster/pytorch/main.go runs the module's PyTorchJob reconciler and
+# validating webhook unchanged, served on 127.0.0.1 with the devcluster's serving certificate.
+# The training-operator serves no pod webhooks.
+
+
+def _pytorch_arguments(launch: Launch) -> list[str]:
+    return [
+        f"--health-probe-bind-address=127.0.0.1:{launch.health_port}",
+        "--webhook-host=127.0.0.1",
+        f"--webhook-port={launch.webhook_port}",
+        f"--cert-dir={launch.cert_dir}",
+        "--zap-log-level=info",
+    ]
+
+
+def pytorch_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """The training-operator's PyTorchJob validating webhook (its
+    manifests/base/webhook/manifests.yaml) with a loopback URL."""
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-pytorch-validating"},
+            "webhooks": [
+                {
+                    "name": "validator.pytorchjob.training-operator.kubeflow.org",
+                    "admissionReviewVersions": ["v1"],
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{port}/validate-kubeflow-org-v1-pytorchjob",
+                        "caBundle": base64.b64encode(ca_bundle).decode(),
+                    },
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "timeoutSeconds": 10,
+                    "rules": [
+                        {
+                            "apiGroups": ["kubeflow.org"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["pytorchjobs"],
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+
+
+PYTORCH = Addon(
+    name="pytorch",
+    module="github.com/kubeflow/training-operator",
+    version="v1.9.3",
+    package=".",
+    binary="pytorch-controller",
+    crd_dir="manifests/base/crds",
+    crd_glob="kubeflow.org_pytorchjobs.yaml",
+    sources=("main.go",),
+    arguments=_pytorch_arguments,
+    webhooks=lambda port, ca: pytorch_webhooks(port=port, ca_bundle=ca),
+    health_path="/readyz",
+)
+ADDONS[PYTORCH.name] = PYTORCH

@@ -61,6 +61,7 @@ FRAMEWORKS = (
     "pod",
     "jobset.x-k8s.io/jobset",
     "leaderworkerset.x-k8s.io/leaderworkerset",
+    "kubeflow.org/pytorchjob",
 )
 """The ``integrations.frameworks`` names Phalanx integrates (a subset of Kueue's)."""
 PROCESS_SECTIONS = (

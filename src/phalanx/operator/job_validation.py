@@ -20,7 +20,7 @@ from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
 from phalanx.api.label_rules import is_qualified_name
 from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
 
-__all__ = ["validate_job", "validate_jobset"]
+__all__ = ["validate_job", "validate_jobset", "validate_pytorchjob"]
 
 _REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 _PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
@@ -201,3 +201,49 @@ def _replicated_job_as_job(rjob: Mapping[str, Any]) -> dict[str, Any]:
     replicas = rjob.get("replicas")
     pods = (1 if replicas is None else int(replicas)) * _pod_count({"spec": job_spec})
     return {"spec": {"template": job_spec.get("template") or {}, "parallelism": pods}}
+
+
+_PYTORCH_REPLICA_TYPES: Final = ("Master", "Worker")
+
+
+def validate_pytorchjob(
+    pytorchjob: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued PyTorchJob, each starting with its field path:
+    the queue name as for a Job (held by ``spec.runPolicy.suspend``), and each replica type's
+    pod template annotations as for a Job of its replicas (paths under
+    ``spec.pytorchReplicaSpecs[<type>].template``), as Kueue's kubeflow webhook checks them."""
+    probe = _run_policy_as_job(pytorchjob)
+    old_probe = _run_policy_as_job(old) if old is not None else None
+    errors = [
+        e.replace("the Job", "the PyTorchJob").replace("spec.suspend", "spec.runPolicy.suspend")
+        for e in _queue_name(probe, old_probe)
+    ]
+    specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    old_specs = ((old or {}).get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    for rtype in _PYTORCH_REPLICA_TYPES:
+        if rtype not in specs:
+            continue
+        before = old_specs.get(rtype) if old is not None else None
+        where = f"spec.pytorchReplicaSpecs[{rtype}].template.metadata.annotations"
+        for error in _topology_annotations(
+            _replica_spec_as_job(specs[rtype] or {}),
+            _replica_spec_as_job(before) if before is not None else None,
+        ):
+            errors.append(
+                error.replace(_TEMPLATE_ANNOTATIONS, where).replace("Job's", "replica type's")
+            )
+    return errors
+
+
+def _run_policy_as_job(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A PyTorchJob's metadata and hold as a Job's (``spec.runPolicy.suspend``)."""
+    run_policy = (obj.get("spec") or {}).get("runPolicy") or {}
+    return {"metadata": obj.get("metadata") or {}, "spec": {"suspend": run_policy.get("suspend")}}
+
+
+def _replica_spec_as_job(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A replica type seen as one Job of all its replicas' pods (its pod set)."""
+    replicas = spec.get("replicas")
+    pods = 1 if replicas is None else int(replicas)
+    return {"spec": {"template": spec.get("template") or {}, "parallelism": pods}}

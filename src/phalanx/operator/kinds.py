@@ -6,8 +6,8 @@ component in ``manifests/components``."""
 
 from __future__ import annotations
 
-from phalanx.operator import jobset
-from phalanx.operator.job_validation import validate_jobset
+from phalanx.operator import jobset, pytorchjob
+from phalanx.operator.job_validation import validate_jobset, validate_pytorchjob
 from phalanx.operator.kindsync import ChildWatch, KindSpec
 from phalanx.operator.kube import JOBS
 
@@ -25,6 +25,12 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
             owner_label=jobset.JOBSET_NAME_LABEL,
             stopped=jobset.child_job_stopped,
         ),
+    ),
+    # The training-operator deletes a held job's pods itself: they are all it makes that runs.
+    KindSpec(
+        pytorchjob.PYTORCHJOB,
+        hold_at_creation={"spec": {"runPolicy": {"suspend": True}}},
+        validate=lambda obj, old: validate_pytorchjob(obj, old=old),
     ),
 )
 

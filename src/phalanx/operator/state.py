@@ -36,12 +36,13 @@ KINDS = (
     "JobSet",
     "JobSetJob",
     "LeaderWorkerSet",
+    "PyTorchJob",
     "Pod",
     "Node",
 )
 _NAMESPACED = frozenset(
     {"LocalQueue", "Workload", "Job", "JobSet", "JobSetJob", "Pod", "ProvisioningRequest"}
-    | {"LeaderWorkerSet"}
+    | {"LeaderWorkerSet", "PyTorchJob"}
 )
 
 

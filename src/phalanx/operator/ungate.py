@@ -5,7 +5,8 @@ On a flavor with a Topology, admission records where the gang goes (the pod set'
 scheduling gate ``kueue.x-k8s.io/topology``. For each gated pod this controller picks a domain
 that still has room, adds the domain's node labels to the pod's nodeSelector and removes the
 gate; the kube-scheduler then binds the pod inside that domain. Indexed Jobs keep rank order:
-pod ``i`` goes to the domain covering index ``i``.
+pod ``i`` goes to the domain covering index ``i`` (the index is read from the label the pod
+set's topology request names, ``podIndexLabel``: a PyTorchJob's replica index, ...).
 """
 
 from __future__ import annotations
@@ -209,6 +210,13 @@ class GateRemover:
             return True
         admission = (workload.get("status") or {}).get("admission") or {}
         pods = [self.state.get("Pod", k) for k in sorted(self._pods_of.get(wl_key, ()))]
+        # Each kind numbers its pods with its own label (a Job's completion index, a
+        # PyTorchJob's replica index): the pod set's topology request names it, as in Kueue.
+        index_labels = {
+            str(ps.get("name")): (ps.get("topologyRequest") or {}).get("podIndexLabel")
+            or INDEX_LABEL
+            for ps in (workload.get("spec") or {}).get("podSets") or ()
+        }
         for psa in admission.get("podSetAssignments") or ():
             assignment = psa.get("topologyAssignment")
             if not assignment:
@@ -230,7 +238,10 @@ class GateRemover:
                 levels,
                 domains,
                 placed,
-                [(p["metadata"]["name"], _index(p)) for p in gated],
+                [
+                    (p["metadata"]["name"], _index(p, index_labels.get(psa["name"], INDEX_LABEL)))
+                    for p in gated
+                ],
             )
             for pod in gated:
                 selector = selectors.get(pod["metadata"]["name"])
@@ -302,8 +313,8 @@ def _gated(pod: Mapping[str, Any]) -> bool:
     )
 
 
-def _index(pod: Mapping[str, Any]) -> int | None:
-    value = (pod["metadata"].get("labels") or {}).get(INDEX_LABEL)
+def _index(pod: Mapping[str, Any], label: str) -> int | None:
+    value = (pod["metadata"].get("labels") or {}).get(label)
     return int(value) if value is not None and str(value).isdigit() else None
 
 

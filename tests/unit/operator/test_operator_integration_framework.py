@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 from typing import Any
 
 import kopf
@@ -15,7 +16,7 @@ from kopf._core.intents.causes import WebhookType
 from test_operator_jobsync_flow import ScriptedApi, a_job
 
 from phalanx.operator import integration, jobs, webhook_policy
-from phalanx.operator.configfile import ConfigFileError, parse
+from phalanx.operator.configfile import FRAMEWORKS, ConfigFileError, parse
 from phalanx.operator.jobsync import JobController
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
@@ -223,9 +224,9 @@ def test_integrations_frameworks_enables_kinds_by_kueues_names() -> None:
         "batch/job",
         "jobset.x-k8s.io/jobset",
     )
+    assert FRAMEWORKS[:3] == ("batch/job", "pod", "jobset.x-k8s.io/jobset")
     with pytest.raises(
-        ConfigFileError,
-        match=r"Phalanx integrates batch/job, pod, jobset\.x-k8s\.io/jobset, .* only",
+        ConfigFileError, match=rf"Phalanx integrates {re.escape(', '.join(FRAMEWORKS))} only"
     ):
         parse(_config(["batch/job", "kubeflow.org/mpijob"]))
     with pytest.raises(ConfigFileError, match="not one of Kueue's framework names"):
