@@ -80,12 +80,22 @@ def _kubeconfig(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     try:
+        names = _addon_names(args.with_ or [])
         cache = build.ensure_binaries()
-    except build.BuildError as exc:
+        print(cache.bin_dir)
+        for name in names:
+            print(addons.ensure_built(addons.ADDONS[name]).binary_dir)
+    except (build.BuildError, addons.AddonError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(cache.bin_dir)
     return 0
+
+
+def _addon_names(values: list[str]) -> tuple[str, ...]:
+    """``--with`` values; ``all`` names every addon."""
+    if any(n.strip() == "all" for v in values for n in v.split(",")):
+        return tuple(addons.ADDONS)
+    return addons.parse_names(values)
 
 
 def _gomod(args: argparse.Namespace) -> int:
@@ -139,6 +149,16 @@ def register(subparsers: Any) -> None:
     kubeconfig = add("kubeconfig", _kubeconfig, "print the admin kubeconfig path")
     for sub in (up, down, status, kubeconfig):
         sub.add_argument("--state-dir", type=Path, default=None, help=state_help)
-    add("build", _build, "build the pinned binaries into the cache if missing; print the folder")
+    built = add(
+        "build", _build, "build the pinned binaries into the cache if missing; print the folder"
+    )
+    built.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        metavar="ADDON[,ADDON]",
+        help=f"also build these controllers ({', '.join(addons.ADDONS)}, or all); each folder"
+        " is printed",
+    )
     gm = add("gomod", _gomod, "regenerate devcluster/k8s/go.mod's replaces from the k8s pin")
     gm.add_argument("--no-tidy", action="store_true", help="do not run go mod tidy afterwards")

@@ -34,3 +34,12 @@ def test_devcluster_up_rejects_an_invalid_topology_before_starting(
     assert "blocks: must be a positive integer" in err
     assert "node: required mapping" in err
     assert not state.exists()
+
+
+def test_devcluster_build_refuses_an_unknown_addon_before_building(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["devcluster", "build", "--with", "jobset,nope"]) == 1
+    captured = capsys.readouterr()
+    assert "unknown addon(s) nope: the devcluster can start jobset" in captured.err
+    assert captured.out == "", "nothing was built"
