@@ -475,7 +475,6 @@ JOBSET = Addon(
     arguments=_jobset_arguments,
     webhooks=lambda port, ca: jobset_webhooks(port=port, ca_bundle=ca),
 )
-ADDONS = {addon.name: addon for addon in (JOBSET,)}
 
 
 def _files(paths: Iterable[Path]) -> list[str]:
@@ -484,3 +483,32 @@ def _files(paths: Iterable[Path]) -> list[str]:
 
 def _free_ports(count: int) -> list[int]:
     return components._ephemeral_ports(count)
+
+
+# -- KubeRay ------------------------------------------------------------------------------------
+# KubeRay's operator (its module root is the main package) runs the RayCluster, RayJob and
+# RayService controllers. It serves a webhook (RayCluster validation) only when the environment
+# says ENABLE_WEBHOOKS=true, which the devcluster does not: it registers none. Leader election
+# and metrics off, probes on a loopback port.
+
+
+def _kuberay_arguments(launch: Launch) -> list[str]:
+    return [
+        "--metrics-addr=0",
+        f"--health-probe-bind-address=127.0.0.1:{launch.health_port}",
+        "--enable-leader-election=false",
+        "--log-stdout-encoder=console",
+        "--zap-log-level=info",
+    ]
+
+
+RAY = Addon(
+    name="ray",
+    module="github.com/ray-project/kuberay/ray-operator",
+    version="v1.4.2",
+    package="github.com/ray-project/kuberay/ray-operator",
+    binary="kuberay-operator",
+    crd_dir="config/crd/bases",
+    arguments=_kuberay_arguments,
+)
+ADDONS = {addon.name: addon for addon in (JOBSET, RAY)}
