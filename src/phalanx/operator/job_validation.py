@@ -20,7 +20,7 @@ from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
 from phalanx.api.label_rules import is_qualified_name
 from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
 
-__all__ = ["validate_job", "validate_jobset"]
+__all__ = ["validate_job", "validate_jobset", "validate_rayjob"]
 
 _REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 _PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
@@ -201,3 +201,97 @@ def _replicated_job_as_job(rjob: Mapping[str, Any]) -> dict[str, Any]:
     replicas = rjob.get("replicas")
     pods = (1 if replicas is None else int(replicas)) * _pod_count({"spec": job_spec})
     return {"spec": {"template": job_spec.get("template") or {}, "parallelism": pods}}
+
+
+_RAY_CLUSTER = "spec.rayClusterSpec"
+
+
+def validate_rayjob(
+    rayjob: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued RayJob, each starting with its field path, as
+    Kueue's RayJob webhook checks it: the queue name as for a Job; a cluster of its own
+    (``spec.rayClusterSpec``, not ``spec.clusterSelector``: a RayJob on an existing cluster
+    is not queued, and is not checked further), deleted when the job ends
+    (``spec.shutdownAfterJobFinishes``), without the autoscaler, at most 8 pod sets (the head
+    and the worker groups), no worker group named ``head``, and each group's pod template
+    annotations as for a Job's."""
+    errors = [e.replace("the Job", "the RayJob") for e in _queue_name(rayjob, old)]
+    spec = rayjob.get("spec") or {}
+    cluster = spec.get("rayClusterSpec")
+    if spec.get("clusterSelector"):
+        if cluster:
+            errors.append(
+                "spec.clusterSelector: a queued RayJob runs on a cluster of its own"
+                " (spec.rayClusterSpec), not an existing one; remove spec.clusterSelector"
+            )
+        return errors
+    if not cluster:
+        errors.append(
+            f"{_RAY_CLUSTER}: required for a queued RayJob that does not use"
+            " spec.clusterSelector; describe the Ray cluster to create"
+        )
+        return errors
+    if not spec.get("shutdownAfterJobFinishes"):
+        errors.append(
+            "spec.shutdownAfterJobFinishes: must be true for a queued RayJob, or its cluster"
+            " would hold the queue's quota after the job ended; set it to true"
+        )
+    if cluster.get("enableInTreeAutoscaling"):
+        errors.append(
+            f"{_RAY_CLUSTER}.enableInTreeAutoscaling: a queued RayJob cannot autoscale (its"
+            " quota is reserved at admission); set it to false and size the worker groups"
+        )
+    groups = list(cluster.get("workerGroupSpecs") or ())
+    if len(groups) + 1 > _MAX_POD_SETS:
+        errors.append(
+            f"{_RAY_CLUSTER}.workerGroupSpecs: {len(groups)} worker groups and the head make"
+            f" {len(groups) + 1} pod sets, but its Workload holds at most {_MAX_POD_SETS};"
+            " merge worker groups"
+        )
+    old_cluster = ((old or {}).get("spec") or {}).get("rayClusterSpec") or {}
+    head = (cluster.get("headGroupSpec") or {}).get("template") or {}
+    old_head = (old_cluster.get("headGroupSpec") or {}).get("template") or {}
+    errors.extend(
+        _template_topology(
+            head,
+            1,
+            f"{_RAY_CLUSTER}.headGroupSpec.template.metadata.annotations",
+            old_head if old is not None else None,
+        )
+    )
+    old_groups = {g.get("groupName"): g for g in old_cluster.get("workerGroupSpecs") or ()}
+    for index, group in enumerate(groups):
+        where = f"{_RAY_CLUSTER}.workerGroupSpecs[{index}]"
+        if group.get("groupName") == "head":
+            errors.append(
+                f"{where}.groupName: 'head' is the head group's pod set; rename the worker group"
+            )
+        before = old_groups.get(group.get("groupName")) if old is not None else None
+        errors.extend(
+            _template_topology(
+                group.get("template") or {},
+                _ray_workers(group),
+                f"{where}.template.metadata.annotations",
+                (before.get("template") or {}) if before is not None else None,
+            )
+        )
+    return errors
+
+
+def _ray_workers(group: Mapping[str, Any]) -> int:
+    replicas = group.get("replicas")
+    count = 1 if replicas is None else int(replicas)
+    hosts = int(group.get("numOfHosts") or 1)
+    return count * hosts if hosts > 1 else count
+
+
+def _template_topology(
+    template: Mapping[str, Any], pods: int, where: str, old: Mapping[str, Any] | None
+) -> Iterator[str]:
+    """A pod template's topology annotations checked as a Job's of ``pods`` pods, with the
+    messages' field path and wording for a Ray group."""
+    probe = {"spec": {"template": template, "parallelism": pods}}
+    old_probe = {"spec": {"template": old, "parallelism": pods}} if old is not None else None
+    for error in _topology_annotations(probe, old_probe):
+        yield error.replace(_TEMPLATE_ANNOTATIONS, where).replace("Job's", "group's")

@@ -6,10 +6,10 @@ component in ``manifests/components``."""
 
 from __future__ import annotations
 
-from phalanx.operator import jobset
-from phalanx.operator.job_validation import validate_jobset
+from phalanx.operator import jobset, rayjob
+from phalanx.operator.job_validation import validate_jobset, validate_rayjob
 from phalanx.operator.kindsync import ChildWatch, KindSpec
-from phalanx.operator.kube import JOBS
+from phalanx.operator.kube import JOBS, RAYCLUSTERS
 
 __all__ = ["OWNED_KINDS", "by_framework"]
 
@@ -24,6 +24,18 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
             resource=JOBS,
             owner_label=jobset.JOBSET_NAME_LABEL,
             stopped=jobset.child_job_stopped,
+        ),
+    ),
+    KindSpec(
+        rayjob.RAYJOB,
+        hold_at_creation={"spec": {"suspend": True}},
+        validate=lambda obj, old: validate_rayjob(obj, old=old),
+        # Suspended, KubeRay deletes the RayCluster; until it is gone it may still make pods.
+        child=ChildWatch(
+            state_kind="RayJobCluster",
+            resource=RAYCLUSTERS,
+            owner_label=rayjob.ORIGIN_LABEL,
+            stopped=rayjob.raycluster_stopped,
         ),
     ),
 )

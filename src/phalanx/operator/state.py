@@ -35,11 +35,23 @@ KINDS = (
     "Job",
     "JobSet",
     "JobSetJob",
+    "RayJob",
+    "RayJobCluster",
     "Pod",
     "Node",
 )
 _NAMESPACED = frozenset(
-    {"LocalQueue", "Workload", "Job", "JobSet", "JobSetJob", "Pod", "ProvisioningRequest"}
+    {
+        "LocalQueue",
+        "Workload",
+        "Job",
+        "JobSet",
+        "JobSetJob",
+        "RayJob",
+        "RayJobCluster",
+        "Pod",
+        "ProvisioningRequest",
+    }
 )
 
 

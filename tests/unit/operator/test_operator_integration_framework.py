@@ -224,7 +224,7 @@ def test_integrations_frameworks_enables_kinds_by_kueues_names() -> None:
         "jobset.x-k8s.io/jobset",
     )
     with pytest.raises(
-        ConfigFileError, match=r"Phalanx integrates batch/job, pod, jobset\.x-k8s\.io/jobset only"
+        ConfigFileError, match=r"Phalanx integrates batch/job, pod, jobset\.x-k8s\.io/jobset, ray"
     ):
         parse(_config(["batch/job", "kubeflow.org/mpijob"]))
     with pytest.raises(ConfigFileError, match="not one of Kueue's framework names"):
