@@ -25,6 +25,7 @@ import pytest
 import yaml
 from operator_fixtures import *  # noqa: F403
 from operator_fixtures import (
+    RACK,
     OperatorProcess,
     apply,
     cluster_queue,
@@ -38,6 +39,7 @@ from operator_fixtures import (
     local_queue,
     node_pool,
     start_operator,
+    topology,
     wait_for,
 )
 
@@ -60,6 +62,7 @@ def a_rayjob(
     gpus: int,
     deadline_seconds: int,
     priority_class: str | None = None,
+    worker_annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A RayJob of a 1-CPU head and ``workers`` workers of ``gpus`` GPUs, submitted by
     KubeRay's default submitter Job (K8sJobMode), ended by KubeRay after
@@ -81,6 +84,9 @@ def a_rayjob(
             }
         }
 
+    worker = pod("ray-worker", {"cpu": "1", "nvidia.com/gpu": str(gpus)})
+    if worker_annotations:
+        worker["metadata"] = {"annotations": worker_annotations}
     return {
         "apiVersion": rules.API_VERSION,
         "kind": "RayJob",
@@ -98,7 +104,7 @@ def a_rayjob(
                         "minReplicas": 0,
                         "maxReplicas": workers,
                         "rayStartParams": {},
-                        "template": pod("ray-worker", {"cpu": "1", "nvidia.com/gpu": str(gpus)}),
+                        "template": worker,
                     }
                 ],
             },
@@ -424,3 +430,95 @@ def test_a_preempted_rayjob_is_suspended_restored_readmitted_and_runs_again(
         log=log,
     )
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
+
+
+TAS_POOL = "phx-rayjobs-tas"
+TAS_TOPOLOGY = "phx-rayjobs-topology"
+
+
+def test_a_rayjob_asking_a_required_rack_for_its_workers_lands_them_in_one_rack(
+    cluster: ClusterHandle,
+    namespace: str,
+    kueue_crds: Path,
+    ray_controller: Path,
+    tmp_path: Path,
+    cleanup: list[str],
+) -> None:
+    """Two racks of 4 hosts x 8 GPUs; 4 workers of 8 GPUs asking ``required`` rack fill one
+    rack, each on its own host, their topology gates removed."""
+    cq_name = f"rayjobs-tas-{int(time.time()) % 100000}"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+                "kind": "Configuration",
+                "integrations": {"frameworks": ["batch/job", rules.FRAMEWORK]},
+            }
+        )
+    )
+    with node_pool(cluster, TAS_POOL, racks=2, hosts=4):
+        cleanup += [
+            f"clusterqueue.kueue.x-k8s.io/{cq_name}",
+            f"resourceflavor.kueue.x-k8s.io/{TAS_POOL}",
+            f"topology.kueue.x-k8s.io/{TAS_TOPOLOGY}",
+        ]
+        apply(
+            cluster,
+            topology(TAS_TOPOLOGY),
+            flavor(TAS_POOL, pool=TAS_POOL, topology_name=TAS_TOPOLOGY),
+            with_memory(cluster_queue(cq_name, flavor_name=TAS_POOL, gpus=64)),
+        )
+        op = start_operator(cluster, tmp_path, f"--config={config}", name="rayjobs-tas")
+        try:
+            apply(cluster, local_queue("lq", cluster_queue_name=cq_name), namespace=namespace)
+            apply(
+                cluster,
+                a_rayjob(
+                    "racked",
+                    workers=4,
+                    gpus=8,
+                    deadline_seconds=600,
+                    worker_annotations={"kueue.x-k8s.io/podset-required-topology": RACK},
+                ),
+                namespace=namespace,
+            )
+            admitted = wait_for(
+                "racked admitted",
+                lambda: (
+                    (w := workload_of_rayjob(cluster, namespace, "racked"))
+                    and is_true(w, "Admitted")
+                    and w
+                ),
+                log=op.log_tail,
+            )
+            (gpu_set,) = [p for p in admitted["spec"]["podSets"] if p["name"] == "gpu"]
+            assert gpu_set["topologyRequest"] == {"required": RACK}
+            selector = f"{rules.ORIGIN_LABEL}=racked,kueue.x-k8s.io/podset=gpu"
+            workers = wait_for(
+                "racked's 4 workers running",
+                lambda: (
+                    (ps := get_list(cluster, "pods", namespace, "-l", selector))
+                    and len(ps) == 4
+                    and all(p["status"].get("phase") == "Running" for p in ps)
+                    and ps
+                ),
+                log=op.log_tail,
+            )
+            nodes = {
+                n["metadata"]["name"]: n
+                for n in get_list(cluster, "nodes", None, "-l", f"{POOL_LABEL}={TAS_POOL}")
+            }
+            racks = {nodes[p["spec"]["nodeName"]]["metadata"]["labels"][RACK] for p in workers}
+            assert len(racks) == 1, f"the workers span racks {racks}"
+            assert len({p["spec"]["nodeName"] for p in workers}) == 4
+            for pod in workers:
+                assert not pod["spec"].get("schedulingGates"), "a worker kept its topology gate"
+            cluster.kubectl_ok("delete", RAYJOBS, "racked", "-n", namespace, "--wait=false")
+            wait_for(
+                "the quota back to zero",
+                lambda: gpu_usage(cluster, cq_name) == ("0", 0),
+                log=op.log_tail,
+            )
+        finally:
+            op.stop()
