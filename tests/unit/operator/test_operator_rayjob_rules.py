@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 import jsonpatch
+import kopf
 import pytest
 from test_operator_jobsync_flow import ScriptedApi
 
@@ -23,6 +24,7 @@ from phalanx.operator.kindsync import KindController
 from phalanx.operator.kube import RAYCLUSTERS
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
+from phalanx.operator.webhooks import register_webhooks
 from phalanx.operator.writer import StatusWriter, WriteOutcome
 
 NS = "team-a"
@@ -259,6 +261,19 @@ def test_restore_suspends_and_puts_back_every_recorded_template() -> None:
         assert restored["spec"]["submitterPodTemplate"] == recorded[-1]["template"]
 
 
+def test_restore_leaves_an_absent_submitter_template_absent() -> None:
+    # The Workload recorded a submitter template of the user's, since taken out of the
+    # RayJob: the restore has no template to write into, and must not address one.
+    own = template("250m", metadata={"labels": {"team": "a"}}, nodeSelector={"zone": "a"})
+    recorded = rj.pod_sets(a_rayjob(submitterPodTemplate=own))
+    obj = a_rayjob()
+    head = obj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    head["metadata"] = {"annotations": {"kueue.x-k8s.io/workload": "wl"}}
+    restored = jsonpatch.apply_patch(obj, rj.RAYJOB.restore_patch(obj, pod_sets=recorded))
+    assert "submitterPodTemplate" not in restored["spec"]
+    assert not rj.RAYJOB.injected(restored)
+
+
 def test_finished_from_the_job_deployment_status_succeeded_by_the_job_status() -> None:
     obj = a_rayjob()
     for deployment in ("Initializing", "Running", "Suspended"):
@@ -345,6 +360,21 @@ def test_the_webhook_checks_what_kueue_checks() -> None:
     moved["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "other"
     (error,) = validate_rayjob(moved, old=running)
     assert "cannot be changed or removed while the RayJob runs" in error
+
+
+def test_the_hold_webhook_suspends_a_queued_rayjob_but_not_one_on_an_existing_cluster() -> None:
+    registry = kopf.OperatorRegistry()
+    register_webhooks(registry, validator=lambda obj: [], frameworks=(rj.FRAMEWORK,))
+    (hold,) = [h for h in registry._webhooks.get_all_handlers() if h.id == "suspend-queued-rayjobs"]
+
+    def patch_for(obj: dict[str, Any]) -> dict[str, Any]:
+        patch: dict[str, Any] = {}
+        asyncio.run(hold.fn(body=obj, patch=patch))  # type: ignore[call-arg]
+        return patch
+
+    assert patch_for(a_rayjob(suspend=False)) == {"spec": {"suspend": True}}
+    on_existing = a_rayjob(suspend=False, clusterSelector={"ray.io/cluster": "shared"})
+    assert patch_for(on_existing) == {}
 
 
 # -- the controller against a scripted API --------------------------------------------------------
