@@ -44,13 +44,17 @@ __all__ = [
     "SUBMITTER_POD_SET",
     "InvalidRayJob",
     "RayJobIntegration",
+    "cluster_pod_sets",
     "default_submitter_template",
+    "inject_template",
     "needs_workload",
     "pod_sets",
     "pods_ready",
+    "ray_pod_set",
     "raycluster_stopped",
     "rayjob_finish",
     "resolve_priority",
+    "restore_template",
     "submission_mode",
     "worker_count",
     "workload_name",
@@ -159,12 +163,53 @@ def _topology(template: Mapping[str, Any], count: int) -> dict[str, Any] | None:
     return request
 
 
-def _pod_set(name: str, count: int, template: Mapping[str, Any]) -> dict[str, Any]:
+def ray_pod_set(name: str, count: int, template: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod set of a Ray pod template, with its topology request (no pod index label)."""
     pod_set: dict[str, Any] = {"name": name, "count": count, "template": copy.deepcopy(template)}
     topology = _topology(template, count)
     if topology:
         pod_set["topologyRequest"] = topology
     return pod_set
+
+
+def cluster_pod_sets(
+    cluster: Mapping[str, Any],
+    *,
+    where: str,
+    sidecar_submitter: bool = False,
+    reserved: Sequence[str] = (HEAD_POD_SET,),
+    error: type[ValueError] = InvalidRayJob,
+) -> list[dict[str, Any]]:
+    """A Ray cluster spec's pod sets, as Kueue's ``BuildPodSets``: ``head`` (1 pod), then each
+    worker group by its ``groupName``. ``where`` is the spec's field path for errors;
+    ``sidecar_submitter`` adds KubeRay's submitter container to the head (SidecarMode)."""
+    groups = list(cluster.get("workerGroupSpecs") or ())
+    if len(groups) + 1 > MAX_POD_SETS:
+        raise error(
+            f"{where}.workerGroupSpecs: {len(groups)} worker groups and the head"
+            f" make {len(groups) + 1} pod sets, but a Workload holds at most {MAX_POD_SETS};"
+            " merge worker groups"
+        )
+    head = copy.deepcopy(dict((cluster.get("headGroupSpec") or {}).get("template") or {}))
+    if sidecar_submitter:
+        # KubeRay adds the submitter to the head pod with its default resources.
+        spec = head.setdefault("spec", {})
+        spec["containers"] = [
+            *(spec.get("containers") or []),
+            {"name": SUBMITTER_CONTAINER, "resources": copy.deepcopy(_SUBMITTER_RESOURCES)},
+        ]
+    result = [ray_pod_set(HEAD_POD_SET, 1, head)]
+    for index, group in enumerate(groups):
+        name = str(group.get("groupName") or "")
+        if not name:
+            raise error(f"{where}.workerGroupSpecs[{index}].groupName: empty; name it")
+        if name in reserved:
+            raise error(
+                f"{where}.workerGroupSpecs[{index}].groupName: {name!r} is the"
+                " name of another pod set of the Workload; rename the worker group"
+            )
+        result.append(ray_pod_set(name, worker_count(group), group.get("template") or {}))
+    return result
 
 
 def pod_sets(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -175,36 +220,15 @@ def pod_sets(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
             "spec.rayClusterSpec: required for a queued RayJob (Kueue cannot queue one that"
             " runs on an existing cluster); describe the cluster, or remove the queue label"
         )
-    groups = _worker_groups(obj)
-    if len(groups) + 1 > MAX_POD_SETS:
-        raise InvalidRayJob(
-            f"spec.rayClusterSpec.workerGroupSpecs: {len(groups)} worker groups and the head"
-            f" make {len(groups) + 1} pod sets, but a Workload holds at most {MAX_POD_SETS};"
-            " merge worker groups"
-        )
-    head = copy.deepcopy(dict(_head_template(obj)))
-    if submission_mode(obj) == SIDECAR_MODE:
-        # KubeRay adds the submitter to the head pod with its default resources.
-        spec = head.setdefault("spec", {})
-        spec["containers"] = [
-            *(spec.get("containers") or []),
-            {"name": SUBMITTER_CONTAINER, "resources": copy.deepcopy(_SUBMITTER_RESOURCES)},
-        ]
-    result = [_pod_set(HEAD_POD_SET, 1, head)]
-    for index, group in enumerate(groups):
-        name = str(group.get("groupName") or "")
-        if not name:
-            raise InvalidRayJob(
-                f"spec.rayClusterSpec.workerGroupSpecs[{index}].groupName: empty; name it"
-            )
-        if name in (HEAD_POD_SET, SUBMITTER_POD_SET):
-            raise InvalidRayJob(
-                f"spec.rayClusterSpec.workerGroupSpecs[{index}].groupName: {name!r} is the"
-                " name of another pod set of the Workload; rename the worker group"
-            )
-        result.append(_pod_set(name, worker_count(group), group.get("template") or {}))
+    result = cluster_pod_sets(
+        _cluster_spec(obj),
+        where="spec.rayClusterSpec",
+        sidecar_submitter=submission_mode(obj) == SIDECAR_MODE,
+        reserved=(HEAD_POD_SET, SUBMITTER_POD_SET),
+        error=InvalidRayJob,
+    )
     if submission_mode(obj) == K8S_JOB_MODE:
-        result.append(_pod_set(SUBMITTER_POD_SET, 1, _submitter_template(obj)))
+        result.append(ray_pod_set(SUBMITTER_POD_SET, 1, _submitter_template(obj)))
     return result
 
 
@@ -290,7 +314,11 @@ def _templates(obj: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, 
 
 
 def _injected_template(
-    template: Mapping[str, Any], *, owner: str, workload_name_: str, injection: FlavorInjection
+    template: Mapping[str, Any],
+    *,
+    owner: str | None,
+    workload_name_: str,
+    injection: FlavorInjection,
 ) -> tuple[dict[str, Any], dict[str, Any], list[Any], list[Any]]:
     pod_spec = template.get("spec") or {}
     tmeta = template.get("metadata") or {}
@@ -303,8 +331,9 @@ def _injected_template(
         **(tmeta.get("labels") or {}),
         **injection.labels,
         jobs.PODSET_LABEL: injection.pod_set,
-        ORIGIN_LABEL: owner,
     }
+    if owner is not None:
+        labels[ORIGIN_LABEL] = owner
     annotations = {
         **(tmeta.get("annotations") or {}),
         **injection.annotations,
@@ -319,14 +348,16 @@ def _injected_template(
     return metadata, node_selector, tolerations, gates
 
 
-def _inject(
+def inject_template(
     template: Mapping[str, Any],
     path: str,
     *,
-    owner: str,
+    owner: str | None,
     workload_name_: str,
     injection: FlavorInjection,
 ) -> list[dict[str, Any]]:
+    """The JSON patch ops giving the pod template at ``path`` its admission (and, with an
+    ``owner``, the label naming the RayJob)."""
     metadata, node_selector, tolerations, gates = _injected_template(
         template, owner=owner, workload_name_=workload_name_, injection=injection
     )
@@ -338,7 +369,7 @@ def _inject(
     ]
 
 
-def _restore(
+def restore_template(
     original: Mapping[str, Any], current: Mapping[str, Any], path: str
 ) -> list[dict[str, Any]]:
     """Put back ``original``'s metadata, node selector, tolerations and scheduling gates; a
@@ -437,7 +468,7 @@ class RayJobIntegration:
                 template = default_submitter_template(obj)
                 ops.append({"op": "add", "path": path, "value": template})
             ops.extend(
-                _inject(
+                inject_template(
                     template,
                     path,
                     owner=owner,
@@ -463,7 +494,7 @@ class RayJobIntegration:
                 ops.append(_guard(index, name))
             # Only metadata, node selector, tolerations and gates are restored: the sidecar
             # submitter the head pod set counts in SidecarMode is never written back.
-            ops.extend(_restore(recorded[name], template, path))
+            ops.extend(restore_template(recorded[name], template, path))
         return ops
 
     def injected(self, obj: Mapping[str, Any]) -> bool:
