@@ -54,7 +54,7 @@ __all__ = [
 
 API_VERSIONS = ("config.kueue.x-k8s.io/v1beta1", "config.kueue.x-k8s.io/v1beta2")
 FAIR_SHARING_STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
-FRAMEWORKS = ("batch/job", "pod", "jobset.x-k8s.io/jobset", "ray.io/rayjob")
+FRAMEWORKS = ("batch/job", "pod", "jobset.x-k8s.io/jobset", "ray.io/rayjob", "ray.io/raycluster")
 """The ``integrations.frameworks`` names Phalanx integrates (a subset of Kueue's)."""
 PROCESS_SECTIONS = (
     "namespace",

@@ -20,7 +20,7 @@ from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
 from phalanx.api.label_rules import is_qualified_name
 from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
 
-__all__ = ["validate_job", "validate_jobset", "validate_rayjob"]
+__all__ = ["validate_job", "validate_jobset", "validate_raycluster", "validate_rayjob"]
 
 _REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 _PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
@@ -237,46 +237,67 @@ def validate_rayjob(
             "spec.shutdownAfterJobFinishes: must be true for a queued RayJob, or its cluster"
             " would hold the queue's quota after the job ended; set it to true"
         )
+    old_cluster = None
+    if old is not None:
+        old_cluster = (old.get("spec") or {}).get("rayClusterSpec") or {}
+    errors.extend(_ray_cluster(cluster, old_cluster, _RAY_CLUSTER, "RayJob"))
+    return errors
+
+
+def validate_raycluster(
+    raycluster: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued RayCluster, each starting with its field path,
+    as Kueue's RayCluster webhook checks it: the queue name as for a Job, without the
+    autoscaler, at most 8 pod sets, no worker group named ``head``, each group's pod template
+    annotations as for a Job's. A RayJob's RayCluster is the RayJob's: not checked."""
+    owners = (raycluster.get("metadata") or {}).get("ownerReferences") or ()
+    if any(o.get("controller") and o.get("kind") == "RayJob" for o in owners):
+        return []
+    errors = [e.replace("the Job", "the RayCluster") for e in _queue_name(raycluster, old)]
+    old_spec = ((old or {}).get("spec") or {}) if old is not None else None
+    errors.extend(_ray_cluster(raycluster.get("spec") or {}, old_spec, "spec", "RayCluster"))
+    return errors
+
+
+def _ray_cluster(
+    cluster: Mapping[str, Any], old_cluster: Mapping[str, Any] | None, prefix: str, kind: str
+) -> Iterator[str]:
+    """A Ray cluster spec's checks (``old_cluster`` on an update), paths under ``prefix``."""
     if cluster.get("enableInTreeAutoscaling"):
-        errors.append(
-            f"{_RAY_CLUSTER}.enableInTreeAutoscaling: a queued RayJob cannot autoscale (its"
+        yield (
+            f"{prefix}.enableInTreeAutoscaling: a queued {kind} cannot autoscale (its"
             " quota is reserved at admission); set it to false and size the worker groups"
         )
     groups = list(cluster.get("workerGroupSpecs") or ())
     if len(groups) + 1 > _MAX_POD_SETS:
-        errors.append(
-            f"{_RAY_CLUSTER}.workerGroupSpecs: {len(groups)} worker groups and the head make"
+        yield (
+            f"{prefix}.workerGroupSpecs: {len(groups)} worker groups and the head make"
             f" {len(groups) + 1} pod sets, but its Workload holds at most {_MAX_POD_SETS};"
             " merge worker groups"
         )
-    old_cluster = ((old or {}).get("spec") or {}).get("rayClusterSpec") or {}
+    updating = old_cluster is not None
+    old_spec = old_cluster or {}
     head = (cluster.get("headGroupSpec") or {}).get("template") or {}
-    old_head = (old_cluster.get("headGroupSpec") or {}).get("template") or {}
-    errors.extend(
-        _template_topology(
-            head,
-            1,
-            f"{_RAY_CLUSTER}.headGroupSpec.template.metadata.annotations",
-            old_head if old is not None else None,
-        )
+    old_head = (old_spec.get("headGroupSpec") or {}).get("template") or {}
+    yield from _template_topology(
+        head,
+        1,
+        f"{prefix}.headGroupSpec.template.metadata.annotations",
+        old_head if updating else None,
     )
-    old_groups = {g.get("groupName"): g for g in old_cluster.get("workerGroupSpecs") or ()}
+    old_groups = {g.get("groupName"): g for g in old_spec.get("workerGroupSpecs") or ()}
     for index, group in enumerate(groups):
-        where = f"{_RAY_CLUSTER}.workerGroupSpecs[{index}]"
+        where = f"{prefix}.workerGroupSpecs[{index}]"
         if group.get("groupName") == "head":
-            errors.append(
-                f"{where}.groupName: 'head' is the head group's pod set; rename the worker group"
-            )
-        before = old_groups.get(group.get("groupName")) if old is not None else None
-        errors.extend(
-            _template_topology(
-                group.get("template") or {},
-                _ray_workers(group),
-                f"{where}.template.metadata.annotations",
-                (before.get("template") or {}) if before is not None else None,
-            )
+            yield f"{where}.groupName: 'head' is the head group's pod set; rename the worker group"
+        before = old_groups.get(group.get("groupName")) if updating else None
+        yield from _template_topology(
+            group.get("template") or {},
+            _ray_workers(group),
+            f"{where}.template.metadata.annotations",
+            (before.get("template") or {}) if before is not None else None,
         )
-    return errors
 
 
 def _ray_workers(group: Mapping[str, Any]) -> int:

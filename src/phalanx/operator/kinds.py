@@ -6,8 +6,8 @@ component in ``manifests/components``."""
 
 from __future__ import annotations
 
-from phalanx.operator import jobset, rayjob
-from phalanx.operator.job_validation import validate_jobset, validate_rayjob
+from phalanx.operator import jobset, raycluster, rayjob
+from phalanx.operator.job_validation import validate_jobset, validate_raycluster, validate_rayjob
 from phalanx.operator.kindsync import ChildWatch, KindSpec
 from phalanx.operator.kube import JOBS, RAYCLUSTERS
 
@@ -37,6 +37,12 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
             owner_label=rayjob.ORIGIN_LABEL,
             stopped=rayjob.raycluster_stopped,
         ),
+    ),
+    # Suspended, KubeRay deletes the pods; they name the RayCluster (ray.io/cluster).
+    KindSpec(
+        raycluster.RAYCLUSTER,
+        hold_at_creation={"spec": {"suspend": True}},
+        validate=lambda obj, old: validate_raycluster(obj, old=old),
     ),
 )
 

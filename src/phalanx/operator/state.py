@@ -37,6 +37,7 @@ KINDS = (
     "JobSetJob",
     "RayJob",
     "RayJobCluster",
+    "RayCluster",
     "Pod",
     "Node",
 )
@@ -49,6 +50,7 @@ _NAMESPACED = frozenset(
         "JobSetJob",
         "RayJob",
         "RayJobCluster",
+        "RayCluster",
         "Pod",
         "ProvisioningRequest",
     }
