@@ -20,6 +20,7 @@ from operator_fixtures import (
     flavor,
     get,
     get_list,
+    gpu_job,
     gpu_usage,
     is_true,
     local_queue,
@@ -145,6 +146,110 @@ def test_a_raycluster_is_held_admitted_whole_and_frees_its_quota_when_deleted(
             )
             assert names == ["raycluster-serve", "rayjob-pi"], names
             cluster.kubectl_ok("delete", "rayjobs.ray.io", "pi", "-n", namespace, "--wait=false")
+            cluster.kubectl_ok("delete", RAYCLUSTERS, "serve", "-n", namespace, "--wait=false")
+            wait_for(
+                "the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log
+            )
+        finally:
+            op.stop()
+
+
+def test_a_preempted_raycluster_is_suspended_restored_and_readmitted(
+    cluster: ClusterHandle,
+    namespace: str,
+    kueue_crds: Path,
+    ray_controller: Path,
+    tmp_path: Path,
+    cleanup: list[str],
+) -> None:
+    cq_name = f"rayclusters-{int(time.time()) % 100000}"
+    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+                "kind": "Configuration",
+                "integrations": {"frameworks": ["batch/job", rules.FRAMEWORK]},
+            }
+        )
+    )
+    with node_pool(cluster, POOL, racks=1, hosts=2):
+        cleanup += [
+            f"clusterqueue.kueue.x-k8s.io/{cq_name}",
+            f"resourceflavor.kueue.x-k8s.io/{POOL}",
+            *(f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)),
+        ]
+        apply(
+            cluster,
+            flavor(POOL, pool=POOL),
+            *(
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": n},
+                    "value": v,
+                }
+                for n, v in ((low, 10), (high, 1000))
+            ),
+            with_memory(
+                cluster_queue(
+                    cq_name,
+                    flavor_name=POOL,
+                    gpus=8,
+                    preemption={"withinClusterQueue": "LowerPriority"},
+                )
+            ),
+        )
+        op = start_operator(cluster, tmp_path, f"--config={config}", name="rayclusters-preempt")
+        log = op.log_tail
+        try:
+            serve = a_raycluster("serve", workers=2, gpus=4)
+            serve["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = low
+            apply(cluster, serve, namespace=namespace)
+            original = get(cluster, RAYCLUSTERS, "serve", namespace)["spec"]
+            apply(cluster, local_queue("lq", cluster_queue_name=cq_name), namespace=namespace)
+
+            def serve_pods() -> list[dict[str, Any]]:
+                return get_list(cluster, "pods", namespace, "-l", f"{rules.CLUSTER_LABEL}=serve")
+
+            wait_for("serve's 3 pods running", lambda: running_on_pool(serve_pods(), 3), log=log)
+            apply(
+                cluster,
+                gpu_job("urgent", queue="lq", gpus=8, run_seconds="600", priority_class=high),
+                namespace=namespace,
+            )
+
+            def held() -> bool:
+                spec = get(cluster, RAYCLUSTERS, "serve", namespace)["spec"]
+                unchanged = all(
+                    spec[k] == original[k] for k in ("headGroupSpec", "workerGroupSpecs")
+                )
+                return spec.get("suspend") is True and unchanged
+
+            wait_for("serve suspended with its templates restored", held, log=log)
+            wait_for(
+                "serve's pods gone and urgent admitted",
+                lambda: (
+                    serve_pods() == []
+                    and any(
+                        is_true(w, "Admitted")
+                        for w in workloads(cluster, namespace)
+                        if w["metadata"]["name"].startswith("job-urgent-")
+                    )
+                ),
+                log=log,
+            )
+            cluster.kubectl_ok("delete", "job", "urgent", "-n", namespace, "--wait=false")
+            wait_for(
+                "serve re-admitted and running again",
+                lambda: (
+                    get(cluster, RAYCLUSTERS, "serve", namespace)["spec"]["suspend"] is False
+                    and running_on_pool(serve_pods(), 3)
+                ),
+                timeout=120,
+                log=log,
+            )
             cluster.kubectl_ok("delete", RAYCLUSTERS, "serve", "-n", namespace, "--wait=false")
             wait_for(
                 "the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log
