@@ -237,6 +237,14 @@ def validate_rayjob(
             "spec.shutdownAfterJobFinishes: must be true for a queued RayJob, or its cluster"
             " would hold the queue's quota after the job ended; set it to true"
         )
+    groups = len(cluster.get("workerGroupSpecs") or ())
+    if spec.get("submissionMode", "K8sJobMode") == "K8sJobMode" and groups + 1 == _MAX_POD_SETS:
+        errors.append(
+            f"{_RAY_CLUSTER}.workerGroupSpecs: {groups} worker groups, the head and the"
+            f" submitter Job (K8sJobMode) make {groups + 2} pod sets, but its Workload holds at"
+            f" most {_MAX_POD_SETS}; merge worker groups, or submit another way"
+            " (spec.submissionMode)"
+        )
     old_cluster = None
     if old is not None:
         old_cluster = (old.get("spec") or {}).get("rayClusterSpec") or {}

@@ -228,6 +228,14 @@ def pod_sets(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         error=InvalidRayJob,
     )
     if submission_mode(obj) == K8S_JOB_MODE:
+        if len(result) + 1 > MAX_POD_SETS:
+            # Kueue counts the head and the groups only, and its Workload would be refused.
+            raise InvalidRayJob(
+                f"spec.rayClusterSpec.workerGroupSpecs: {len(result) - 1} worker groups, the"
+                f" head and the submitter Job (K8sJobMode) make {len(result) + 1} pod sets,"
+                f" but a Workload holds at most {MAX_POD_SETS}; merge worker groups, or submit"
+                " another way (spec.submissionMode)"
+            )
         result.append(ray_pod_set(SUBMITTER_POD_SET, 1, _submitter_template(obj)))
     return result
 

@@ -142,6 +142,13 @@ def test_a_rayjob_that_cannot_be_a_workload_is_refused_with_the_field() -> None:
     eight = a_rayjob(*[group(f"g{i}") for i in range(8)])
     with pytest.raises(rj.InvalidRayJob, match=r"8 worker groups.*9 pod sets.*at most 8"):
         rj.pod_sets(eight)
+    # Seven groups fit beside the head, but not with the submitter too (Kueue's check counts
+    # the head and the groups only; its Workload would then be refused).
+    seven = a_rayjob(*[group(f"g{i}") for i in range(7)])
+    with pytest.raises(rj.InvalidRayJob, match=r"7 worker groups, the head and the submitter"):
+        rj.pod_sets(seven)
+    seven["spec"]["submissionMode"] = "HTTPMode"
+    assert len(rj.pod_sets(seven)) == 8
     with pytest.raises(rj.InvalidRayJob, match=r"workerGroupSpecs\[1\].groupName: 'submitter'"):
         rj.pod_sets(a_rayjob(group("a"), group("submitter")))
     no_image = a_rayjob()
@@ -330,6 +337,12 @@ def test_the_webhook_checks_what_kueue_checks() -> None:
         )
     )
     assert "9 pod sets" in error and "at most 8" in error
+    (error,) = errors_of(
+        lambda o: o["spec"]["rayClusterSpec"].update(
+            workerGroupSpecs=[group(f"g{i}") for i in range(7)]
+        )
+    )
+    assert "the submitter Job (K8sJobMode) make 9 pod sets" in error
     (error,) = errors_of(
         lambda o: o["spec"]["rayClusterSpec"].update(workerGroupSpecs=[group("head")])
     )
