@@ -482,3 +482,19 @@ def pytorch_controller(cluster: ClusterHandle) -> Path:
     assert state is not None, f"no devcluster state in {cluster.state_dir}"
     runtime = addons.ensure_started(layout, addons.PYTORCH, bin_dir=state.bin_dir)
     return runtime.log
+
+
+@pytest.fixture(scope="session")
+def ray_controller(cluster: ClusterHandle) -> Path:
+    """The real KubeRay operator (github.com/ray-project/kuberay/ray-operator, built from its
+    pinned Go module on first use) running beside the cluster with its CRDs installed; ``down``
+    stops it. Returns its log file."""
+    from phalanx.devcluster import addons
+    from phalanx.devcluster.components import Layout
+    from phalanx.devcluster.state import load_state
+
+    layout = Layout(cluster.state_dir)
+    state = load_state(layout)
+    assert state is not None, f"no devcluster state in {cluster.state_dir}"
+    runtime = addons.ensure_started(layout, addons.RAY, bin_dir=state.bin_dir)
+    return runtime.log

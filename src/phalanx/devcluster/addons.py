@@ -665,3 +665,32 @@ PYTORCH = Addon(
     health_path="/readyz",
 )
 ADDONS[PYTORCH.name] = PYTORCH
+
+
+# -- KubeRay ------------------------------------------------------------------------------------
+# KubeRay's operator (its module root is the main package) runs the RayCluster, RayJob and
+# RayService controllers. It serves a webhook (RayCluster validation) only when the environment
+# says ENABLE_WEBHOOKS=true, which the devcluster does not: it registers none. Leader election
+# and metrics off, probes on a loopback port.
+
+
+def _kuberay_arguments(launch: Launch) -> list[str]:
+    return [
+        "--metrics-addr=0",
+        f"--health-probe-bind-address=127.0.0.1:{launch.health_port}",
+        "--enable-leader-election=false",
+        "--log-stdout-encoder=console",
+        "--zap-log-level=info",
+    ]
+
+
+RAY = Addon(
+    name="ray",
+    module="github.com/ray-project/kuberay/ray-operator",
+    version="v1.4.2",
+    package="github.com/ray-project/kuberay/ray-operator",
+    binary="kuberay-operator",
+    crd_dir="config/crd/bases",
+    arguments=_kuberay_arguments,
+)
+ADDONS[RAY.name] = RAY

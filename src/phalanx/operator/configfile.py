@@ -62,6 +62,8 @@ FRAMEWORKS = (
     "jobset.x-k8s.io/jobset",
     "leaderworkerset.x-k8s.io/leaderworkerset",
     "kubeflow.org/pytorchjob",
+    "ray.io/rayjob",
+    "ray.io/raycluster",
 )
 """The ``integrations.frameworks`` names Phalanx integrates (a subset of Kueue's)."""
 PROCESS_SECTIONS = (

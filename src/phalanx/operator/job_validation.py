@@ -20,7 +20,13 @@ from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
 from phalanx.api.label_rules import is_qualified_name
 from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
 
-__all__ = ["validate_job", "validate_jobset", "validate_pytorchjob"]
+__all__ = [
+    "validate_job",
+    "validate_jobset",
+    "validate_pytorchjob",
+    "validate_raycluster",
+    "validate_rayjob",
+]
 
 _REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 _PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
@@ -247,3 +253,126 @@ def _replica_spec_as_job(spec: Mapping[str, Any]) -> dict[str, Any]:
     replicas = spec.get("replicas")
     pods = 1 if replicas is None else int(replicas)
     return {"spec": {"template": spec.get("template") or {}, "parallelism": pods}}
+
+
+_RAY_CLUSTER = "spec.rayClusterSpec"
+
+
+def validate_rayjob(
+    rayjob: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued RayJob, each starting with its field path, as
+    Kueue's RayJob webhook checks it: the queue name as for a Job; a cluster of its own
+    (``spec.rayClusterSpec``, not ``spec.clusterSelector``: a RayJob on an existing cluster
+    is not queued, and is not checked further), deleted when the job ends
+    (``spec.shutdownAfterJobFinishes``), without the autoscaler, at most 8 pod sets (the head
+    and the worker groups), no worker group named ``head``, and each group's pod template
+    annotations as for a Job's."""
+    errors = [e.replace("the Job", "the RayJob") for e in _queue_name(rayjob, old)]
+    spec = rayjob.get("spec") or {}
+    cluster = spec.get("rayClusterSpec")
+    if spec.get("clusterSelector"):
+        if cluster:
+            errors.append(
+                "spec.clusterSelector: a queued RayJob runs on a cluster of its own"
+                " (spec.rayClusterSpec), not an existing one; remove spec.clusterSelector"
+            )
+        return errors
+    if not cluster:
+        errors.append(
+            f"{_RAY_CLUSTER}: required for a queued RayJob that does not use"
+            " spec.clusterSelector; describe the Ray cluster to create"
+        )
+        return errors
+    if not spec.get("shutdownAfterJobFinishes"):
+        errors.append(
+            "spec.shutdownAfterJobFinishes: must be true for a queued RayJob, or its cluster"
+            " would hold the queue's quota after the job ended; set it to true"
+        )
+    groups = len(cluster.get("workerGroupSpecs") or ())
+    if spec.get("submissionMode", "K8sJobMode") == "K8sJobMode" and groups + 1 == _MAX_POD_SETS:
+        errors.append(
+            f"{_RAY_CLUSTER}.workerGroupSpecs: {groups} worker groups, the head and the"
+            f" submitter Job (K8sJobMode) make {groups + 2} pod sets, but its Workload holds at"
+            f" most {_MAX_POD_SETS}; merge worker groups, or submit another way"
+            " (spec.submissionMode)"
+        )
+    old_cluster = None
+    if old is not None:
+        old_cluster = (old.get("spec") or {}).get("rayClusterSpec") or {}
+    errors.extend(_ray_cluster(cluster, old_cluster, _RAY_CLUSTER, "RayJob"))
+    return errors
+
+
+def validate_raycluster(
+    raycluster: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued RayCluster, each starting with its field path,
+    as Kueue's RayCluster webhook checks it: the queue name as for a Job, without the
+    autoscaler, at most 8 pod sets, no worker group named ``head``, each group's pod template
+    annotations as for a Job's. A RayJob's RayCluster is the RayJob's: not checked."""
+    owners = (raycluster.get("metadata") or {}).get("ownerReferences") or ()
+    if any(o.get("controller") and o.get("kind") == "RayJob" for o in owners):
+        return []
+    errors = [e.replace("the Job", "the RayCluster") for e in _queue_name(raycluster, old)]
+    old_spec = ((old or {}).get("spec") or {}) if old is not None else None
+    errors.extend(_ray_cluster(raycluster.get("spec") or {}, old_spec, "spec", "RayCluster"))
+    return errors
+
+
+def _ray_cluster(
+    cluster: Mapping[str, Any], old_cluster: Mapping[str, Any] | None, prefix: str, kind: str
+) -> Iterator[str]:
+    """A Ray cluster spec's checks (``old_cluster`` on an update), paths under ``prefix``."""
+    if cluster.get("enableInTreeAutoscaling"):
+        yield (
+            f"{prefix}.enableInTreeAutoscaling: a queued {kind} cannot autoscale (its"
+            " quota is reserved at admission); set it to false and size the worker groups"
+        )
+    groups = list(cluster.get("workerGroupSpecs") or ())
+    if len(groups) + 1 > _MAX_POD_SETS:
+        yield (
+            f"{prefix}.workerGroupSpecs: {len(groups)} worker groups and the head make"
+            f" {len(groups) + 1} pod sets, but its Workload holds at most {_MAX_POD_SETS};"
+            " merge worker groups"
+        )
+    updating = old_cluster is not None
+    old_spec = old_cluster or {}
+    head = (cluster.get("headGroupSpec") or {}).get("template") or {}
+    old_head = (old_spec.get("headGroupSpec") or {}).get("template") or {}
+    yield from _template_topology(
+        head,
+        1,
+        f"{prefix}.headGroupSpec.template.metadata.annotations",
+        old_head if updating else None,
+    )
+    old_groups = {g.get("groupName"): g for g in old_spec.get("workerGroupSpecs") or ()}
+    for index, group in enumerate(groups):
+        where = f"{prefix}.workerGroupSpecs[{index}]"
+        if group.get("groupName") == "head":
+            yield f"{where}.groupName: 'head' is the head group's pod set; rename the worker group"
+        before = old_groups.get(group.get("groupName")) if updating else None
+        yield from _template_topology(
+            group.get("template") or {},
+            _ray_workers(group),
+            f"{where}.template.metadata.annotations",
+            (before.get("template") or {}) if before is not None else None,
+        )
+
+
+def _ray_workers(group: Mapping[str, Any]) -> int:
+    replicas = group.get("replicas")
+    count = 1 if replicas is None else int(replicas)
+    hosts = int(group.get("numOfHosts") or 1)
+    return count * hosts if hosts > 1 else count
+
+
+def _template_topology(
+    template: Mapping[str, Any], pods: int, where: str, old: Mapping[str, Any] | None
+) -> Iterator[str]:
+    """A pod template's topology annotations checked as a Job's of ``pods`` pods, with the
+    messages' field path and wording for a Ray group."""
+    probe = {"spec": {"template": template, "parallelism": pods}}
+    old_probe = {"spec": {"template": old, "parallelism": pods}} if old is not None else None
+    for error in _topology_annotations(probe, old_probe):
+        yield error.replace(_TEMPLATE_ANNOTATIONS, where).replace("Job's", "group's")

@@ -6,10 +6,15 @@ component in ``manifests/components``."""
 
 from __future__ import annotations
 
-from phalanx.operator import jobset, pytorchjob
-from phalanx.operator.job_validation import validate_jobset, validate_pytorchjob
+from phalanx.operator import jobset, pytorchjob, raycluster, rayjob
+from phalanx.operator.job_validation import (
+    validate_jobset,
+    validate_pytorchjob,
+    validate_raycluster,
+    validate_rayjob,
+)
 from phalanx.operator.kindsync import ChildWatch, KindSpec
-from phalanx.operator.kube import JOBS
+from phalanx.operator.kube import JOBS, RAYCLUSTERS
 
 __all__ = ["OWNED_KINDS", "by_framework"]
 
@@ -31,6 +36,24 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
         pytorchjob.PYTORCHJOB,
         hold_at_creation={"spec": {"runPolicy": {"suspend": True}}},
         validate=lambda obj, old: validate_pytorchjob(obj, old=old),
+    ),
+    KindSpec(
+        rayjob.RAYJOB,
+        hold_at_creation={"spec": {"suspend": True}},
+        validate=lambda obj, old: validate_rayjob(obj, old=old),
+        # Suspended, KubeRay deletes the RayCluster; until it is gone it may still make pods.
+        child=ChildWatch(
+            state_kind="RayJobCluster",
+            resource=RAYCLUSTERS,
+            owner_label=rayjob.ORIGIN_LABEL,
+            stopped=rayjob.raycluster_stopped,
+        ),
+    ),
+    # Suspended, KubeRay deletes the pods; they name the RayCluster (ray.io/cluster).
+    KindSpec(
+        raycluster.RAYCLUSTER,
+        hold_at_creation={"spec": {"suspend": True}},
+        validate=lambda obj, old: validate_raycluster(obj, old=old),
     ),
 )
 

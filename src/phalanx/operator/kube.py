@@ -45,6 +45,7 @@ __all__ = [
     "LOCAL_QUEUES",
     "NODES",
     "PODS",
+    "RAYCLUSTERS",
     "TRANSIENT_ERRORS",
     "WORKLOADS",
     "ApiError",
@@ -91,6 +92,7 @@ CLUSTER_QUEUES = Resource(KUEUE, "v1beta2", "clusterqueues", namespaced=False)
 LOCAL_QUEUES = Resource(KUEUE, "v1beta2", "localqueues")
 JOBS = Resource("batch", "v1", "jobs")
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters")
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 EVENTS = Resource("", "v1", "events")

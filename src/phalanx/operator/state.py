@@ -37,12 +37,15 @@ KINDS = (
     "JobSetJob",
     "LeaderWorkerSet",
     "PyTorchJob",
+    "RayJob",
+    "RayJobCluster",
+    "RayCluster",
     "Pod",
     "Node",
 )
 _NAMESPACED = frozenset(
     {"LocalQueue", "Workload", "Job", "JobSet", "JobSetJob", "Pod", "ProvisioningRequest"}
-    | {"LeaderWorkerSet", "PyTorchJob"}
+    | {"LeaderWorkerSet", "PyTorchJob", "RayJob", "RayJobCluster", "RayCluster"}
 )
 
 

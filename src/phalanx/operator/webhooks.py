@@ -232,8 +232,10 @@ def _register_kind_webhooks(
             persistent=persistent,
             registry=registry,
         )
-        async def hold_object(patch: kopf.Patch, **_: Any) -> None:
-            _merge(patch, hold)
+        async def hold_object(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            # Only what the kind's rules queue (a RayJob on an existing cluster is not).
+            if spec.rules.queue_name(body) is not None:
+                _merge(patch, hold)
 
     validate = spec.validate
     if validate is not None:

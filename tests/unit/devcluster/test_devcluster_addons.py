@@ -87,3 +87,24 @@ def test_lws_webhooks_are_lws_own_by_loopback_url_and_pods_only_of_lws() -> None
         mutating["metadata"]["name"]
         != addons.jobset_webhooks(port=1, ca_bundle=b"")[0]["metadata"]["name"]
     )
+
+
+def test_the_checkout_pins_kuberay_at_the_version_the_addon_names() -> None:
+    gomod = (pins.repo_root() / "devcluster" / "ray" / "go.mod").read_text()
+    assert f"github.com/ray-project/kuberay/ray-operator {addons.RAY.version}" in gomod
+    assert addons.parse_names(["jobset,ray"]) == ("jobset", "ray")
+
+
+def test_kuberay_runs_on_loopback_without_leader_election_or_metrics(tmp_path: Path) -> None:
+    launch = addons.Launch(
+        layout=None,  # type: ignore[arg-type]
+        folder=tmp_path,
+        cert_dir=tmp_path,
+        health_port=8081,
+        webhook_port=9443,
+    )
+    argv = addons.RAY.arguments(launch)
+    assert "--health-probe-bind-address=127.0.0.1:8081" in argv
+    assert "--metrics-addr=0" in argv and "--enable-leader-election=false" in argv
+    # KubeRay serves its webhook only with ENABLE_WEBHOOKS=true: none to register.
+    assert addons.RAY.webhooks is None

@@ -71,7 +71,7 @@ def test_kueues_process_sections_are_read_past_and_named():
             {"fairSharing": {"preemptionStrategies": ["Greedy"]}},
             "fairSharing.preemptionStrategies[0]: must be one of",
         ),
-        ({"integrations": {"frameworks": ["batch/job", "ray.io/rayjob"]}}, "frameworks[1]:"),
+        ({"integrations": {"frameworks": ["batch/job", "kubeflow.org/mpijob"]}}, "frameworks[1]:"),
         ({"integrations": {"frameworks": ["batch/jobs"]}}, "not one of Kueue's framework names"),
         ({"manageJobsWithoutQueueName": True}, "manageJobsWithoutQueueName: Phalanx manages"),
         (
