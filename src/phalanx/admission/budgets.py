@@ -39,8 +39,9 @@ __all__ = [
 
 HOUR_MS = 3_600_000
 PREEMPTIBLE_NOTE = "admitted preemptible"
-"""Ends the message of a workload admitted over a ``Preemptible`` budget (its QuotaReserved
-condition carries it, and a restarted scheduler reads it back from there)."""
+"""Starts the message of a workload admitted over a ``Preemptible`` budget (its QuotaReserved
+condition carries it after ``; ``, first so that a truncated message keeps it, and a restarted
+scheduler reads it back from there)."""
 
 
 class ScopeKind(enum.StrEnum):
@@ -106,7 +107,7 @@ class Exceeded:
             f" {format_time(start)}..{format_time(end)}"
         )
         if b.when_exceeded == WhenExceeded.PREEMPTIBLE:
-            return f"{used}; {PREEMPTIBLE_NOTE} until it resets"
+            return f"{PREEMPTIBLE_NOTE} while it runs: {used}"
         return f"{used}; waits until it resets"
 
 

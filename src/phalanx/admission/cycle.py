@@ -369,7 +369,7 @@ def _can_preempt(
     may_reclaim = node.parent is not None and not node.borrowing_with(fr, amount)
     if not (amount <= nominal or may_reclaim or while_borrowing):
         return False
-    if state.may_have_victims(entry.priority, entry.order_time):
+    if state.may_have_victims(entry.victim_priority, entry.order_time):
         return True
     if not reclaim or not (while_borrowing or node.usage.get(fr, 0) < nominal):
         # Classic reclaim only applies below nominal quota (Kueue's

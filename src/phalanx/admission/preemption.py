@@ -174,7 +174,7 @@ def _candidates(
     """Step 1: admitted workloads that policy allows to be preempted, in preference order."""
     policy = cq.spec.preemption
     found: list[tuple[int, int, int, int, Entry]] = []
-    priority = preemptor.priority
+    priority = preemptor.victim_priority  # over a Preemptible budget: preempts nobody
     within = policy.within_cluster_queue
     if within != PreemptionPolicy.NEVER:
         newer_equal = within == PreemptionPolicy.LOWER_OR_NEWER_EQUAL_PRIORITY
@@ -264,7 +264,7 @@ def find_targets(
     if fair_sharing is not None:
         return _fair_preemptions(search, candidates, preemptor, fair_sharing, lendable_cache)
     if borrow_policy.policy != PreemptionPolicy.NEVER:
-        threshold = preemptor.priority
+        threshold = preemptor.victim_priority
         limit = borrow_policy.max_priority_threshold
         if limit is not None and limit < threshold:
             threshold = limit + 1

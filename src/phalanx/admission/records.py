@@ -140,7 +140,9 @@ class Entry:
 
     @property
     def victim_priority(self) -> int:
-        """The priority it counts with as a preemption victim: its own, or below every
-        priority when admitted over a ``Preemptible`` budget (set before it is admitted and
-        kept while it is: the ClusterQueue's counts by priority rely on that)."""
+        """The priority it counts with in preemption: its own, or below every priority when
+        admitted over a ``Preemptible`` budget (set before it is admitted and kept while it
+        is: the ClusterQueue's counts by priority rely on that). Used on both sides, so such a
+        workload is preempted first and preempts nobody: with its own priority as preemptor it
+        and the workload it preempted would evict each other in turn."""
         return PREEMPTIBLE_RANK if self.over_budget else self.priority

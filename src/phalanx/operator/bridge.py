@@ -349,10 +349,10 @@ def _fingerprint(kind: str, obj: Mapping[str, Any] | None) -> object:
 
 
 def _over_budget(conditions: Sequence[Mapping[str, Any]] | None) -> str:
-    """The budget message a Workload admitted over a Preemptible budget carries at the end of
-    its QuotaReserved message (written at admission: the only record of it a restarted
+    """The budget message a Workload admitted over a Preemptible budget carries in its
+    QuotaReserved message after ``; `` (written at admission: the only record of it a restarted
     scheduler has), or ''."""
     reserved = cond.condition(conditions, cond.QUOTA_RESERVED) or {}
     message = str(reserved.get("message") or "")
     _, _, note = message.partition("; ")
-    return note if note.endswith(f"{PREEMPTIBLE_NOTE} until it resets") else ""
+    return note if note.startswith(PREEMPTIBLE_NOTE) else ""

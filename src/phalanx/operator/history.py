@@ -102,9 +102,9 @@ class HistoryRecorder:
         self._cluster_queues: dict[str, dict[str, Any]] = {}
         """ClusterQueue name -> its last object, for the deletion version."""
         self._names: dict[str, dict[str, Any]] = {}
+        """Workload key -> its last object, for the deletion event (the feed sends None)."""
         self._signatures: dict[str, tuple[Any, ...]] = {}
         """Workload key -> ``events.signature`` of the version last derived."""
-        """Workload key -> its last object, for the deletion event (the feed sends None)."""
         self._active = False
         self._failing_since: float | None = None
         """Monotonic time of the first failed write since the last that succeeded."""
@@ -160,17 +160,16 @@ class HistoryRecorder:
         now = time.monotonic() if now is None else now
         if since is None or now - since < UNAVAILABLE_AFTER_SECONDS:
             return StoreHealth(True, "Writing", "the usage history store takes writes")
-        lost = " (some events were dropped: filled from the API's state once it is back)"
-        # Nothing in it changes while the outage lasts: one status write per queue per outage.
+        # Nothing in it changes while the outage lasts (dropped events are the metrics' and the
+        # log's to say): one status write per queue per outage.
         return StoreHealth(
             False,
             "StoreUnavailable",
             "writes to the usage history store have failed since"
             f" {self._failing_at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-            + (lost if self._resync_needed else "")
             + "; scheduling goes on, but usage reports, budgets and fair-sharing history lag"
-            " until it is back (phalanx_store_up, phalanx_store_backlog_events, the operator's"
-            " log)",
+            " until it is back (phalanx_store_up, phalanx_store_backlog_events,"
+            " phalanx_store_events_dropped_total, the operator's log)",
         )
 
     # -- the feed (on the event loop, cheap) --------------------------------------------------

@@ -253,8 +253,9 @@ def test_over_a_preemptible_budget_is_admitted_and_preempted_first() -> None:
     out = s.run_cycle(HOUR)  # 2 GPU-hours used of 2: over budget
     assert admitted_names(out) == ["late"]
     (admit,) = out.admitted
-    assert admit.over_budget.endswith("; admitted preemptible until it resets")
-    assert admit.over_budget.startswith("LocalQueue default/a used 2.0 of its 2.0")
+    assert admit.over_budget.startswith(
+        "admitted preemptible while it runs: LocalQueue default/a used 2.0 of its 2.0"
+    )
     assert [a.over_budget for a in s.run_cycle(HOUR).admitted] == []
     # b's priority-10 workload needs 2 GPUs: the over-budget one goes, priority 100 or not.
     s.add_workload(MakeWorkload("low").queue("b").request(GPU, 2).priority(10).created(2).obj())
@@ -290,7 +291,7 @@ def test_a_wait_budget_still_waits_beside_a_preemptible_one() -> None:
     # a's own Wait budget is used up: w2 waits; b has only the Preemptible one: admitted.
     assert admitted_names(out) == ["w3"]
     assert s.explain("default/w2").reason == PendingReason.BUDGET_EXCEEDED  # type: ignore[union-attr]
-    assert out.admitted[0].over_budget.startswith("ClusterQueue cq used 2.0 of its 1.0")
+    assert "ClusterQueue cq used 2.0 of its 1.0" in out.admitted[0].over_budget
 
 
 def test_a_restored_over_budget_workload_stays_preemptible() -> None:
@@ -302,6 +303,25 @@ def test_a_restored_over_budget_workload_stays_preemptible() -> None:
     workload = MakeWorkload("late").queue("a").request(GPU, 4).priority(100).obj()
     restored.add_workload(workload)
     restored.delete_workload("default/late")
-    restored.restore_admitted(workload, admit.admission, over_budget="x; admitted preemptible")
+    restored.restore_admitted(workload, admit.admission, over_budget="admitted preemptible: x")
     restored.add_workload(MakeWorkload("low").queue("b").request(GPU, 2).priority(10).obj())
     assert _victims(restored.run_cycle(HOUR)) == ["default/late"]
+
+
+def test_over_a_preemptible_budget_nobody_is_preempted_for_it() -> None:
+    """Over its Preemptible budget, a high-priority workload is admitted only into free quota:
+    preempting the running low-priority one would let that one preempt it back at once, and
+    the two would evict each other in turn."""
+    s = _preempting_scheduler(_budget(resource_hours=2.0, when_exceeded=WhenExceeded.PREEMPTIBLE))
+    s.add_workload(MakeWorkload("used").queue("a").request(GPU, 2).priority(100).obj())
+    assert admitted_names(s.run_cycle(0)) == ["used"]
+    s.finish_workload("default/used", now=HOUR)  # 2 GPU-hours: a is over its budget
+    s.add_workload(MakeWorkload("low").queue("b").request(GPU, 4).priority(10).created(1).obj())
+    assert admitted_names(s.run_cycle(HOUR)) == ["low"]
+    s.add_workload(MakeWorkload("high").queue("a").request(GPU, 4).priority(100).created(2).obj())
+    for step in range(1, 6):
+        out = s.run_cycle(HOUR + step)
+        assert _victims(out) == [] and admitted_names(out) == []
+    s.finish_workload("default/low", now=2 * HOUR)
+    out = s.run_cycle(2 * HOUR)
+    assert admitted_names(out) == ["high"] and out.admitted[0].over_budget

@@ -90,8 +90,8 @@ def test_over_a_preemptible_budget_the_quota_reserved_message_says_so_and_is_rea
     from phalanx.operator.bridge import _over_budget
 
     note = (
-        "LocalQueue ns/a used 2.0 of its 2.0 nvidia.com/gpu-hours for the window"
-        " 2026-12-04T00:00Z..2026-12-05T00:00Z; admitted preemptible until it resets"
+        "admitted preemptible while it runs: LocalQueue ns/a used 2.0 of its 2.0"
+        " nvidia.com/gpu-hours for the window 2026-12-04T00:00Z..2026-12-05T00:00Z"
     )
     admitted = landed(admission_status(replace(ADMIT, over_budget=note))(fresh()), fresh())
     conditions = admitted["status"]["conditions"]
