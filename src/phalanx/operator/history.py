@@ -379,7 +379,15 @@ class HistoryRecorder:
         }
         for uid, name, generation in await self._in_thread(quotas.live_queues, engine):
             if uid not in present:
-                removed = quotas.QuotaSnapshot(uid, generation, True, name, None, self._clock())
+                # Recreated under the same name meanwhile: the old one ended before the new
+                # one began (versions are read by name, in time order).
+                at = self._clock()
+                successor = self.state.objects["ClusterQueue"].get(name)
+                if successor is not None:
+                    began = quotas.created_at(successor)
+                    if began is not None and began <= at:
+                        at = began - dt.timedelta(microseconds=1)
+                removed = quotas.QuotaSnapshot(uid, generation, True, name, None, at)
                 self._quota_backlog.setdefault(removed.key, removed)
         await self._flush_quotas()
         open_ = await self._in_thread(_open_workloads, engine)

@@ -32,6 +32,7 @@ from phalanx.store.models import QuotaAmount, QuotaVersion
 __all__ = [
     "QuotaSnapshot",
     "QuotaUse",
+    "created_at",
     "live_queues",
     "quota_use",
     "snapshot_of",
@@ -69,6 +70,11 @@ def _utc(text_: str) -> dt.datetime | None:
     return parsed.astimezone(dt.UTC).replace(tzinfo=None)
 
 
+def created_at(cq: Mapping[str, Any]) -> dt.datetime | None:
+    """A ClusterQueue's ``creationTimestamp``, naive UTC (None if absent or unreadable)."""
+    return _utc(str((cq.get("metadata") or {}).get("creationTimestamp") or ""))
+
+
 def _quantity(value: Any, resource: str) -> int | None:
     if value is None:
         return None
@@ -91,7 +97,7 @@ def snapshot_of(
     generation = int(metadata.get("generation") or 1)
     at = seen_at
     if generation == 1 and not deleted:
-        at = _utc(str(metadata.get("creationTimestamp") or "")) or seen_at
+        at = created_at(cq) or seen_at
     spec = cq.get("spec") or {}
     amounts: list[Amount] = []
     if not deleted:

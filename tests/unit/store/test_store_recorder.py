@@ -4,6 +4,7 @@ an outage without counting anything twice."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +17,7 @@ from store_builders import condition, workload
 
 from phalanx.operator.history import UNAVAILABLE_AFTER_SECONDS, HistoryRecorder
 from phalanx.operator.state import ClusterState
-from phalanx.store import db
+from phalanx.store import db, report
 from phalanx.store.models import QuotaAmount, QuotaVersion, WorkloadEvent
 
 
@@ -184,14 +185,22 @@ def test_the_store_cpu_counter_counts_the_stores_work_and_nothing_else(store_url
     assert counted <= process - spun
 
 
-def _cluster_queue(name: str, gpus: str, generation: int, version: int) -> dict[str, Any]:
+def _cluster_queue(
+    name: str,
+    gpus: str,
+    generation: int,
+    version: int,
+    *,
+    uid: str = "",
+    created: str = "2026-01-01T00:00:00Z",
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
-            "uid": f"uid-{name}",
+            "uid": uid or f"uid-{name}",
             "generation": generation,
             "resourceVersion": str(version),
-            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "creationTimestamp": created,
         },
         "spec": {
             "resourceGroups": [
@@ -273,3 +282,28 @@ def test_cluster_queue_quotas_are_stored_once_per_generation_and_at_deletion(
         ("c", 1, False, 1),
         ("c", 1, True, None),
     ]
+
+
+def test_a_cluster_queue_recreated_while_no_leader_ran_keeps_its_quota(store_url: str) -> None:
+    """Deleted and created again under the same name while no recorder ran: the old one's
+    deletion is dated before the new one's creation, so the report reads the new quota, not
+    the deletion's zero (found by review: it was dated at the resync, after the creation)."""
+
+    async def first(state: ClusterState, recorder: HistoryRecorder) -> None:
+        await _until(lambda: recorder._migrated)
+        state.apply("ClusterQueue", None, _cluster_queue("a", "8", 1, 1))
+        await _until(lambda: len(_versions(store_url)) == 1)
+
+    _run(store_url, first)
+
+    def recreated(state: ClusterState, recorder: HistoryRecorder) -> Awaitable[None]:
+        new = _cluster_queue("a", "4", 1, 9, uid="uid-a2", created="2026-01-02T00:00:00Z")
+        state.apply("ClusterQueue", None, new)
+        return _until(lambda: len(_versions(store_url)) == 3)
+
+    _run(store_url, recreated)
+    engine = db.open_engine(store_url)
+    later = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(minutes=1)
+    use = report.quota_use(engine, since=later, until=later + dt.timedelta(hours=1))
+    engine.dispose()
+    assert use["a"]["nvidia.com/gpu"].quota == pytest.approx(4 * 3600)
