@@ -46,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     from phalanx.store import db
 
     url = args.store or db.default_url()
+    if url == "off":
+        print(
+            "error: the usage history store is off ($PHALANX_STORE=off); give --store URL",
+            file=sys.stderr,
+        )
+        return 2
     try:
         engine = db.open_engine(url)
         if args.action == "upgrade":

@@ -280,3 +280,15 @@ def test_the_bench_generator_fills_rows_the_report_reads(engine: db.Engine) -> N
     until = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     rows = report.usage(engine, since=until - dt.timedelta(days=40), until=until, by="namespace")
     assert sum(r.admissions for r in rows) > 400
+
+
+def test_the_reports_say_when_the_store_is_off(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phalanx.cli.main import main
+
+    monkeypatch.setenv("PHALANX_STORE", "off")
+    assert main(["report", "usage"]) == 2
+    assert "the usage history store is off ($PHALANX_STORE=off)" in capsys.readouterr().err
+    assert main(["store", "current"]) == 2
+    assert "give --store URL" in capsys.readouterr().err
