@@ -285,9 +285,11 @@ def stop_all(layout: Layout) -> list[str]:
     return stubborn
 
 
-def _jobset_config(launch: Launch) -> dict[str, Any]:
+def _manager_config(api_version: str, launch: Launch) -> dict[str, Any]:
+    """A controller-runtime manager's Configuration (JobSet's and LWS's share the shape):
+    leader election and metrics off, probes on loopback."""
     return {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "apiVersion": api_version,
         "kind": "Configuration",
         "leaderElection": {"leaderElect": False},
         # No Service or Secret beside the cluster: the webhooks are served on loopback with
@@ -301,6 +303,47 @@ def _jobset_config(launch: Launch) -> dict[str, Any]:
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
     }
+
+
+def _loopback_webhook(
+    name: str,
+    *,
+    port: int,
+    ca_bundle: bytes,
+    path: str,
+    rule: tuple[str, str, str],
+    operations: list[str],
+    object_selector: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One webhook of an addon's configuration, called on its loopback port with the cluster
+    CA; ``rule`` is (group, version, resource)."""
+    group, version, resource = rule
+    webhook: dict[str, Any] = {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": {
+            "url": f"https://127.0.0.1:{port}{path}",
+            "caBundle": base64.b64encode(ca_bundle).decode(),
+        },
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "timeoutSeconds": 10,
+        "rules": [
+            {
+                "apiGroups": [group],
+                "apiVersions": [version],
+                "operations": operations,
+                "resources": [resource],
+            }
+        ],
+    }
+    if object_selector is not None:
+        webhook["objectSelector"] = object_selector
+    return webhook
+
+
+def _jobset_config(launch: Launch) -> dict[str, Any]:
+    return _manager_config("config.jobset.x-k8s.io/v1alpha1", launch)
 
 
 def _jobset_arguments(launch: Launch) -> list[str]:
@@ -318,32 +361,20 @@ def _jobset_arguments(launch: Launch) -> list[str]:
 def jobset_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
     """JobSet's webhook configurations (its config/components/webhook/manifests.yaml) with a
     loopback URL; the pod webhooks only for the JobSet's pods."""
-    url = f"https://127.0.0.1:{port}"
-    ca = base64.b64encode(ca_bundle).decode()
     jobset_pods = {"matchExpressions": [{"key": _JOBSET_WEBHOOK_LABEL, "operator": "Exists"}]}
 
     def hook(
         name: str, path: str, group: str, version: str, resource: str, ops: list[str]
     ) -> dict[str, Any]:
-        webhook: dict[str, Any] = {
-            "name": name,
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": f"{url}{path}", "caBundle": ca},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "timeoutSeconds": 10,
-            "rules": [
-                {
-                    "apiGroups": [group],
-                    "apiVersions": [version],
-                    "operations": ops,
-                    "resources": [resource],
-                }
-            ],
-        }
-        if resource == "pods":
-            webhook["objectSelector"] = jobset_pods
-        return webhook
+        return _loopback_webhook(
+            name,
+            port=port,
+            ca_bundle=ca_bundle,
+            path=path,
+            rule=(group, version, resource),
+            operations=ops,
+            object_selector=jobset_pods if resource == "pods" else None,
+        )
 
     js = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
     return [
@@ -502,19 +533,7 @@ _LWS_POD_LABEL = "leaderworkerset.sigs.k8s.io/name"
 
 
 def _lws_config(launch: Launch) -> dict[str, Any]:
-    return {
-        "apiVersion": "config.lws.x-k8s.io/v1alpha1",
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "webhook": {
-            "host": "127.0.0.1",
-            "port": launch.webhook_port,
-            "certDir": str(launch.cert_dir),
-        },
-        "metrics": {"bindAddress": "0"},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
-    }
+    return _manager_config("config.lws.x-k8s.io/v1alpha1", launch)
 
 
 def _lws_arguments(launch: Launch) -> list[str]:
@@ -533,33 +552,20 @@ def _lws_arguments(launch: Launch) -> list[str]:
 def lws_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
     """LWS's webhook configurations (its config/webhook/manifests.yaml) with a loopback URL;
     the pod webhooks only for LWS pods."""
-    url = f"https://127.0.0.1:{port}"
-    ca = base64.b64encode(ca_bundle).decode()
     lws_pods = {"matchExpressions": [{"key": _LWS_POD_LABEL, "operator": "Exists"}]}
 
     def hook(name: str, path: str, pods: bool, ops: list[str]) -> dict[str, Any]:
-        group, version, resource = (
-            ("", "v1", "pods") if pods else ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+        return _loopback_webhook(
+            name,
+            port=port,
+            ca_bundle=ca_bundle,
+            path=path,
+            rule=("", "v1", "pods")
+            if pods
+            else ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+            operations=ops,
+            object_selector=lws_pods if pods else None,
         )
-        webhook: dict[str, Any] = {
-            "name": name,
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": f"{url}{path}", "caBundle": ca},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "timeoutSeconds": 10,
-            "rules": [
-                {
-                    "apiGroups": [group],
-                    "apiVersions": [version],
-                    "operations": ops,
-                    "resources": [resource],
-                }
-            ],
-        }
-        if pods:
-            webhook["objectSelector"] = lws_pods
-        return webhook
 
     lws_path = "leaderworkerset-x-k8s-io-v1-leaderworkerset"
     return [
@@ -627,25 +633,14 @@ def pytorch_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "phalanx-devcluster-pytorch-validating"},
             "webhooks": [
-                {
-                    "name": "validator.pytorchjob.training-operator.kubeflow.org",
-                    "admissionReviewVersions": ["v1"],
-                    "clientConfig": {
-                        "url": f"https://127.0.0.1:{port}/validate-kubeflow-org-v1-pytorchjob",
-                        "caBundle": base64.b64encode(ca_bundle).decode(),
-                    },
-                    "failurePolicy": "Fail",
-                    "sideEffects": "None",
-                    "timeoutSeconds": 10,
-                    "rules": [
-                        {
-                            "apiGroups": ["kubeflow.org"],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE", "UPDATE"],
-                            "resources": ["pytorchjobs"],
-                        }
-                    ],
-                }
+                _loopback_webhook(
+                    "validator.pytorchjob.training-operator.kubeflow.org",
+                    port=port,
+                    ca_bundle=ca_bundle,
+                    path="/validate-kubeflow-org-v1-pytorchjob",
+                    rule=("kubeflow.org", "v1", "pytorchjobs"),
+                    operations=["CREATE", "UPDATE"],
+                )
             ],
         }
     ]
