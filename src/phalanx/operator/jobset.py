@@ -18,7 +18,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from phalanx.operator import integration, jobs
+from phalanx.operator import integration, jobs, templates
 from phalanx.operator.integration import (
     SUSPEND_PATCH,
     Finish,
@@ -181,74 +181,6 @@ def _template_path(index: int) -> str:
     return f"/spec/replicatedJobs/{index}/template/spec/template"
 
 
-def _inject(
-    template: Mapping[str, Any], index: int, *, workload_name_: str, injection: FlavorInjection
-) -> list[dict[str, Any]]:
-    pod_spec = template.get("spec") or {}
-    tmeta = template.get("metadata") or {}
-    node_selector = {**(pod_spec.get("nodeSelector") or {}), **injection.node_labels}
-    tolerations = list(pod_spec.get("tolerations") or [])
-    for toleration in injection.tolerations:
-        if toleration not in tolerations:
-            tolerations.append(dict(toleration))
-    labels = {
-        **(tmeta.get("labels") or {}),
-        **injection.labels,
-        jobs.PODSET_LABEL: injection.pod_set,
-    }
-    annotations = {
-        **(tmeta.get("annotations") or {}),
-        **injection.annotations,
-        jobs.WORKLOAD_ANNOTATION: workload_name_,
-    }
-    gates = [
-        g for g in pod_spec.get("schedulingGates") or [] if g.get("name") != jobs.TOPOLOGY_GATE
-    ]
-    if injection.topology_gated:
-        gates.append({"name": jobs.TOPOLOGY_GATE})
-    path = _template_path(index)
-    return [
-        {
-            "op": "add",
-            "path": f"{path}/metadata",
-            "value": {**tmeta, "labels": labels, "annotations": annotations},
-        },
-        {"op": "add", "path": f"{path}/spec/nodeSelector", "value": node_selector},
-        {"op": "add", "path": f"{path}/spec/tolerations", "value": tolerations},
-        {"op": "add", "path": f"{path}/spec/schedulingGates", "value": gates},
-    ]
-
-
-def _restore(
-    original: Mapping[str, Any], current: Mapping[str, Any], index: int
-) -> list[dict[str, Any]]:
-    """Put back ``original``'s metadata, node selector, tolerations and scheduling gates; a
-    field the original did not have is removed (a custom resource keeps an empty one, so
-    writing ``{}`` would leave the template different from what was submitted)."""
-    path = _template_path(index)
-    ops: list[dict[str, Any]] = []
-    if "metadata" in original:
-        ops.append(
-            {"op": "add", "path": f"{path}/metadata", "value": copy.deepcopy(original["metadata"])}
-        )
-    elif "metadata" in current:
-        ops.append({"op": "remove", "path": f"{path}/metadata"})
-    pod_spec = original.get("spec") or {}
-    live_spec = current.get("spec") or {}
-    for field in ("nodeSelector", "tolerations", "schedulingGates"):
-        if field in pod_spec:
-            ops.append(
-                {
-                    "op": "add",
-                    "path": f"{path}/spec/{field}",
-                    "value": copy.deepcopy(pod_spec[field]),
-                }
-            )
-        elif field in live_spec:
-            ops.append({"op": "remove", "path": f"{path}/spec/{field}"})
-    return ops
-
-
 def _guard(index: int, name: str) -> dict[str, Any]:
     # Each patch addresses replicated jobs by index: the test refuses it if the list differs.
     return {"op": "test", "path": f"/spec/replicatedJobs/{index}/name", "value": name}
@@ -317,10 +249,10 @@ class JobSetIntegration:
             name = str(rjob.get("name"))
             ops.append(_guard(index, name))
             ops.extend(
-                _inject(
+                templates.inject(
                     _pod_template(rjob),
-                    index,
-                    workload_name_=workload_name,
+                    _template_path(index),
+                    workload_name=workload_name,
                     injection=injections[name],
                 )
             )
@@ -338,7 +270,9 @@ class JobSetIntegration:
             name = str(rjob.get("name"))
             if name in recorded:
                 ops.append(_guard(index, name))
-                ops.extend(_restore(recorded[name], _pod_template(rjob), index))
+                ops.extend(
+                    templates.restore(recorded[name], _pod_template(rjob), _template_path(index))
+                )
         return ops
 
     def injected(self, obj: Mapping[str, Any]) -> bool:

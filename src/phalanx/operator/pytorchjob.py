@@ -20,7 +20,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from phalanx.operator import integration, jobs
+from phalanx.operator import integration, jobs, templates
 from phalanx.operator.integration import Finish, FlavorInjection, finish_from_conditions
 
 __all__ = [
@@ -180,67 +180,6 @@ def _guard(replica_type: str, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"op": "test", "path": path, "value": spec["replicas"]}]
 
 
-def _inject(
-    template: Mapping[str, Any], path: str, *, workload_name_: str, injection: FlavorInjection
-) -> list[dict[str, Any]]:
-    pod_spec = template.get("spec") or {}
-    tmeta = template.get("metadata") or {}
-    node_selector = {**(pod_spec.get("nodeSelector") or {}), **injection.node_labels}
-    tolerations = list(pod_spec.get("tolerations") or [])
-    for toleration in injection.tolerations:
-        if toleration not in tolerations:
-            tolerations.append(dict(toleration))
-    labels = {
-        **(tmeta.get("labels") or {}),
-        **injection.labels,
-        jobs.PODSET_LABEL: injection.pod_set,
-    }
-    annotations = {
-        **(tmeta.get("annotations") or {}),
-        **injection.annotations,
-        jobs.WORKLOAD_ANNOTATION: workload_name_,
-    }
-    gates = [
-        g for g in pod_spec.get("schedulingGates") or [] if g.get("name") != jobs.TOPOLOGY_GATE
-    ]
-    if injection.topology_gated:
-        gates.append({"name": jobs.TOPOLOGY_GATE})
-    return [
-        {
-            "op": "add",
-            "path": f"{path}/metadata",
-            "value": {**tmeta, "labels": labels, "annotations": annotations},
-        },
-        {"op": "add", "path": f"{path}/spec/nodeSelector", "value": node_selector},
-        {"op": "add", "path": f"{path}/spec/tolerations", "value": tolerations},
-        {"op": "add", "path": f"{path}/spec/schedulingGates", "value": gates},
-    ]
-
-
-def _restore(
-    original: Mapping[str, Any], current: Mapping[str, Any], path: str
-) -> list[dict[str, Any]]:
-    """Put back ``original``'s metadata, node selector, tolerations and scheduling gates; a
-    field the original did not have is removed (the custom resource keeps an empty one, so
-    writing ``{}`` would leave the template different from what was submitted)."""
-    ops: list[dict[str, Any]] = []
-    if "metadata" in original:
-        ops.append(
-            {"op": "add", "path": f"{path}/metadata", "value": copy.deepcopy(original["metadata"])}
-        )
-    elif "metadata" in current:
-        ops.append({"op": "remove", "path": f"{path}/metadata"})
-    pod_spec = original.get("spec") or {}
-    live_spec = current.get("spec") or {}
-    for field in ("nodeSelector", "tolerations", "schedulingGates"):
-        if field in pod_spec:
-            value = copy.deepcopy(pod_spec[field])
-            ops.append({"op": "add", "path": f"{path}/spec/{field}", "value": value})
-        elif field in live_spec:
-            ops.append({"op": "remove", "path": f"{path}/spec/{field}"})
-    return ops
-
-
 class PyTorchJobIntegration:
     """PyTorchJob on the integration framework: ``spec.runPolicy.suspend`` holds it, each
     replica type is a pod set named after it in lower case."""
@@ -304,10 +243,10 @@ class PyTorchJobIntegration:
         for rtype, spec in specs.items():
             ops.extend(_guard(rtype, spec))
             ops.extend(
-                _inject(
+                templates.inject(
                     _template(spec),
                     _template_path(rtype),
-                    workload_name_=workload_name,
+                    workload_name=workload_name,
                     injection=injections[_pod_set_name(rtype)],
                 )
             )
@@ -325,7 +264,9 @@ class PyTorchJobIntegration:
             name = _pod_set_name(rtype)
             if name in recorded:
                 ops.extend(_guard(rtype, spec))
-                ops.extend(_restore(recorded[name], _template(spec), _template_path(rtype)))
+                ops.extend(
+                    templates.restore(recorded[name], _template(spec), _template_path(rtype))
+                )
         return ops
 
     def injected(self, obj: Mapping[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from phalanx.operator import integration, jobs, rayjob
+from phalanx.operator import integration, jobs, rayjob, templates
 from phalanx.operator.integration import SUSPEND_PATCH, Finish, FlavorInjection
 
 __all__ = [
@@ -150,20 +150,16 @@ class RayClusterIntegration:
     ) -> list[dict[str, Any]]:
         """Every template gets its pod set's admission, then the RayCluster is unsuspended;
         nothing unless every pod set was admitted."""
-        templates = list(_templates(obj))
-        if any(name not in injections for name, _, _, _ in templates):
+        found = list(_templates(obj))
+        if any(name not in injections for name, _, _, _ in found):
             return []
         ops: list[dict[str, Any]] = []
-        for name, path, template, index in templates:
+        for name, path, template, index in found:
             if index is not None:
                 ops.append(_guard(index, name))
             ops.extend(
-                rayjob.inject_template(
-                    template,
-                    path,
-                    owner=None,
-                    workload_name_=workload_name,
-                    injection=injections[name],
+                templates.inject(
+                    template, path, workload_name=workload_name, injection=injections[name]
                 )
             )
         ops.append({"op": "add", "path": "/spec/suspend", "value": False})
@@ -180,7 +176,7 @@ class RayClusterIntegration:
                 continue
             if index is not None:
                 ops.append(_guard(index, name))
-            ops.extend(rayjob.restore_template(recorded[name], template, path))
+            ops.extend(templates.restore(recorded[name], template, path))
         return ops
 
     def injected(self, obj: Mapping[str, Any]) -> bool:

@@ -29,7 +29,7 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from phalanx.operator import integration, jobs
+from phalanx.operator import integration, jobs, templates
 from phalanx.operator.integration import SUSPEND_PATCH, Finish, FlavorInjection
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "RayJobIntegration",
     "cluster_pod_sets",
     "default_submitter_template",
-    "inject_template",
     "needs_workload",
     "pod_sets",
     "pods_ready",
@@ -54,7 +53,6 @@ __all__ = [
     "raycluster_stopped",
     "rayjob_finish",
     "resolve_priority",
-    "restore_template",
     "submission_mode",
     "worker_count",
     "workload_name",
@@ -248,12 +246,12 @@ def resolve_priority(
 ) -> jobs.PriorityResolution:
     """The WorkloadPriorityClass label first, else the PriorityClass of the first pod set's
     template that names one (head, workers, submitter: Kueue reads the pod sets in order)."""
-    templates = [_head_template(obj), *(g.get("template") or {} for g in _worker_groups(obj))]
+    ordered = [_head_template(obj), *(g.get("template") or {} for g in _worker_groups(obj))]
     if submission_mode(obj) == K8S_JOB_MODE and _spec(obj).get("submitterPodTemplate"):
-        templates.append(_spec(obj)["submitterPodTemplate"])
+        ordered.append(_spec(obj)["submitterPodTemplate"])
     return jobs.resolve_priority_of_templates(
         obj,
-        templates,
+        ordered,
         workload_priority_classes=workload_priority_classes,
         priority_classes=priority_classes,
     )
@@ -321,90 +319,6 @@ def _templates(obj: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, 
         yield SUBMITTER_POD_SET, _SUBMITTER_PATH, _spec(obj).get("submitterPodTemplate") or {}, None
 
 
-def _injected_template(
-    template: Mapping[str, Any],
-    *,
-    owner: str | None,
-    workload_name_: str,
-    injection: FlavorInjection,
-) -> tuple[dict[str, Any], dict[str, Any], list[Any], list[Any]]:
-    pod_spec = template.get("spec") or {}
-    tmeta = template.get("metadata") or {}
-    node_selector = {**(pod_spec.get("nodeSelector") or {}), **injection.node_labels}
-    tolerations = list(pod_spec.get("tolerations") or [])
-    for toleration in injection.tolerations:
-        if toleration not in tolerations:
-            tolerations.append(dict(toleration))
-    labels = {
-        **(tmeta.get("labels") or {}),
-        **injection.labels,
-        jobs.PODSET_LABEL: injection.pod_set,
-    }
-    if owner is not None:
-        labels[ORIGIN_LABEL] = owner
-    annotations = {
-        **(tmeta.get("annotations") or {}),
-        **injection.annotations,
-        jobs.WORKLOAD_ANNOTATION: workload_name_,
-    }
-    gates = [
-        g for g in pod_spec.get("schedulingGates") or [] if g.get("name") != jobs.TOPOLOGY_GATE
-    ]
-    if injection.topology_gated:
-        gates.append({"name": jobs.TOPOLOGY_GATE})
-    metadata = {**tmeta, "labels": labels, "annotations": annotations}
-    return metadata, node_selector, tolerations, gates
-
-
-def inject_template(
-    template: Mapping[str, Any],
-    path: str,
-    *,
-    owner: str | None,
-    workload_name_: str,
-    injection: FlavorInjection,
-) -> list[dict[str, Any]]:
-    """The JSON patch ops giving the pod template at ``path`` its admission (and, with an
-    ``owner``, the label naming the RayJob)."""
-    metadata, node_selector, tolerations, gates = _injected_template(
-        template, owner=owner, workload_name_=workload_name_, injection=injection
-    )
-    return [
-        {"op": "add", "path": f"{path}/metadata", "value": metadata},
-        {"op": "add", "path": f"{path}/spec/nodeSelector", "value": node_selector},
-        {"op": "add", "path": f"{path}/spec/tolerations", "value": tolerations},
-        {"op": "add", "path": f"{path}/spec/schedulingGates", "value": gates},
-    ]
-
-
-def restore_template(
-    original: Mapping[str, Any], current: Mapping[str, Any], path: str
-) -> list[dict[str, Any]]:
-    """Put back ``original``'s metadata, node selector, tolerations and scheduling gates; a
-    field the original did not have is removed (a custom resource keeps an empty one)."""
-    ops: list[dict[str, Any]] = []
-    if "metadata" in original:
-        ops.append(
-            {"op": "add", "path": f"{path}/metadata", "value": copy.deepcopy(original["metadata"])}
-        )
-    elif "metadata" in current:
-        ops.append({"op": "remove", "path": f"{path}/metadata"})
-    pod_spec = original.get("spec") or {}
-    live_spec = current.get("spec") or {}
-    for field in ("nodeSelector", "tolerations", "schedulingGates"):
-        if field in pod_spec:
-            ops.append(
-                {
-                    "op": "add",
-                    "path": f"{path}/spec/{field}",
-                    "value": copy.deepcopy(pod_spec[field]),
-                }
-            )
-        elif field in live_spec:
-            ops.append({"op": "remove", "path": f"{path}/spec/{field}"})
-    return ops
-
-
 class RayJobIntegration:
     """RayJob on the integration framework: ``spec.suspend`` holds it; its pod sets are the
     head, each worker group and the submitter."""
@@ -464,24 +378,24 @@ class RayJobIntegration:
         """Every pod set's template gets its admission (the submitter's default template is
         written out first when the RayJob names none, as Kueue does), then the RayJob is
         unsuspended; nothing (an empty patch) unless every pod set was admitted."""
-        templates = list(_templates(obj))
-        if any(name not in injections for name, _, _, _ in templates):
+        found = list(_templates(obj))
+        if any(name not in injections for name, _, _, _ in found):
             return []
         owner = str(obj["metadata"]["name"])
         ops: list[dict[str, Any]] = []
-        for name, path, template, index in templates:
+        for name, path, template, index in found:
             if index is not None:
                 ops.append(_guard(index, name))
             if name == SUBMITTER_POD_SET and _spec(obj).get("submitterPodTemplate") is None:
                 template = default_submitter_template(obj)
                 ops.append({"op": "add", "path": path, "value": template})
             ops.extend(
-                inject_template(
+                templates.inject(
                     template,
                     path,
-                    owner=owner,
-                    workload_name_=workload_name,
+                    workload_name=workload_name,
                     injection=injections[name],
+                    labels={ORIGIN_LABEL: owner},
                 )
             )
         ops.append({"op": "add", "path": "/spec/suspend", "value": False})
@@ -502,7 +416,7 @@ class RayJobIntegration:
                 ops.append(_guard(index, name))
             # Only metadata, node selector, tolerations and gates are restored: the sidecar
             # submitter the head pod set counts in SidecarMode is never written back.
-            ops.extend(restore_template(recorded[name], template, path))
+            ops.extend(templates.restore(recorded[name], template, path))
         return ops
 
     def injected(self, obj: Mapping[str, Any]) -> bool:
