@@ -24,6 +24,7 @@ __all__ = [
     "accumulated_execution_seconds",
     "admission_status",
     "count_eviction",
+    "evicted_at_once_status",
     "evicted_status",
     "eviction_done_status",
 ]
@@ -91,7 +92,10 @@ def evicted_status(eviction: Eviction, *, now_ms: int) -> StatusFn:
     quota until its pods are gone."""
 
     def build(current: dict[str, Any]) -> dict[str, Any] | None:
-        evicted = cond.condition((current.get("status") or {}).get("conditions"), cond.EVICTED)
+        conditions = (current.get("status") or {}).get("conditions")
+        if cond.is_true(conditions, cond.FINISHED):
+            return None  # finished meanwhile: it keeps its admission, nothing to evict
+        evicted = cond.condition(conditions, cond.EVICTED)
         if (
             evicted is not None
             and evicted.get("status") == "True"
@@ -124,6 +128,8 @@ def eviction_done_status(
 
     def build(current: dict[str, Any]) -> dict[str, Any] | None:
         status = current.get("status") or {}
+        if cond.is_true(status.get("conditions"), cond.FINISHED):
+            return None  # finished meanwhile: it keeps its admission (its quota is released)
         if not status.get("admission") and not cond.is_true(
             status.get("conditions"), cond.QUOTA_RESERVED
         ):
@@ -149,6 +155,29 @@ def eviction_done_status(
                 "requeueAt": cond.rfc3339(requeue[1]),
             }
         return out
+
+    return build
+
+
+def evicted_at_once_status(
+    eviction: Eviction, *, now_ms: int, requeue: tuple[int, int] | None
+) -> StatusFn:
+    """Evicted and its eviction done in one write, for a Workload that nothing owns: no Job,
+    pod or other object runs for it, so there is nothing to wait for between the two (the
+    reservation goes with the ``Evicted`` condition). A Workload finished meanwhile keeps
+    its admission: nothing is written."""
+    evict = evicted_status(eviction, now_ms=now_ms)
+    done = eviction_done_status(eviction, now_ms=now_ms, requeue=requeue)
+
+    def build(current: dict[str, Any]) -> dict[str, Any] | None:
+        status = current.get("status") or {}
+        if cond.is_true(status.get("conditions"), cond.FINISHED):
+            return None
+        first = evict(current) or {}
+        second = done({**current, "status": {**status, **first}})
+        if second is None:
+            return first or None
+        return {**first, **second}
 
     return build
 

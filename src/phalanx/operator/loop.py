@@ -37,6 +37,7 @@ from phalanx.operator.config import OperatorConfig
 from phalanx.operator.decision_status import (
     Eviction,
     admission_status,
+    evicted_at_once_status,
     evicted_status,
     eviction_done_status,
 )
@@ -412,19 +413,57 @@ class SchedulingLoop:
         self.evicting[key] = eviction
         self.writer.forget(key)
         self.metrics.evicted(eviction.cluster_queue, reason=eviction.reason)
+        workload = self.state.get("Workload", key)
+        if (
+            workload is not None
+            and not (workload.get("metadata") or {}).get("ownerReferences")
+            and key not in self.bridge.in_flight_releases
+        ):
+            # Nothing runs for a Workload that nothing owns: one write evicts it and ends the
+            # eviction (a Job's Workload needs two, the Job stopping between them).
+            self._prepare_release(key, eviction, now_ms())
+            self._spawn(self._write_eviction_at_once(key, eviction))
+            return
         self._spawn(self._write_eviction(key, eviction))
 
-    async def _write_eviction(self, key: str, eviction: Eviction) -> None:
-        now = now_ms()
+    async def _write_eviction_at_once(self, key: str, eviction: Eviction) -> None:
+        build = evicted_at_once_status(
+            eviction, now_ms=eviction.released_at, requeue=eviction.requeue
+        )
+        try:
+            outcome = await self._write_until_known(key, build, eviction, verb="evict")
+        except BaseException:
+            self.bridge.in_flight_releases.discard(key)
+            raise
+        eviction.written = True
+        if not outcome.ok and outcome.status != 404:
+            # Superseded before it was written (the Workload deleted or evicted anew).
+            self.bridge.in_flight_releases.discard(key)
+            self.state.mark_changed()
+            return
+        self.evicting.pop(key, None)
+        self._released.append((key, eviction))
+        logger.info(
+            "event=evicting workload=%s reason=%s preemption=%s",
+            key,
+            eviction.reason,
+            eviction.preemption_reason or "-",
+        )
+        logger.info("event=evicted workload=%s reason=%s writes=1", key, eviction.reason)
+        await self._eviction_event(key, eviction)
+        self.state.mark_changed()
 
-        build = evicted_status(eviction, now_ms=now)
+    async def _write_until_known(
+        self, key: str, build: StatusFn, eviction: Eviction, *, verb: str
+    ) -> WriteOutcome:
+        """``_settled_write`` until it lands, the Workload is gone, or the eviction is no
+        longer this one. Not written, the victim would run on and its preemptor wait
+        forever; the core still counts it, so retrying is safe."""
         attempt = 0
         while True:
-            outcome = await self._settled_write(key, build, verb="evict")
+            outcome = await self._settled_write(key, build, verb=verb)
             if outcome.ok or outcome.status == 404 or self.evicting.get(key) is not eviction:
-                break
-            # Not written: the victim would run on and its preemptor wait forever; the core
-            # still counts it, so retrying is safe.
+                return outcome
             delay = self.write_backoff.delay(attempt)
             attempt += 1
             logger.warning(
@@ -434,6 +473,21 @@ class SchedulingLoop:
                 outcome.error,
             )
             await asyncio.sleep(delay)
+
+    async def _eviction_event(self, key: str, eviction: Eviction) -> None:
+        workload = self.state.get("Workload", key)
+        if workload is not None:
+            await self.writer.event(
+                workload,
+                reason="Preempted" if eviction.preemption_reason else "Evicted",
+                message=eviction.message,
+            )
+
+    async def _write_eviction(self, key: str, eviction: Eviction) -> None:
+        now = now_ms()
+
+        build = evicted_status(eviction, now_ms=now)
+        outcome = await self._write_until_known(key, build, eviction, verb="evict")
         eviction.written = True
         if outcome.status == 404:
             self.evicting.pop(key, None)
@@ -443,13 +497,7 @@ class SchedulingLoop:
             eviction.reason,
             eviction.preemption_reason or "-",
         )
-        workload = self.state.get("Workload", key)
-        if workload is not None:
-            await self.writer.event(
-                workload,
-                reason="Preempted" if eviction.preemption_reason else "Evicted",
-                message=eviction.message,
-            )
+        await self._eviction_event(key, eviction)
         self.state.mark_changed()
 
     def _progress_evictions(self, now: int) -> None:
@@ -469,15 +517,20 @@ class SchedulingLoop:
                 continue
             if not all(kind.stopped(workload) for kind in self.kinds):
                 continue
-            eviction.released_at = now
-            if eviction.backoff:  # read here, between cycles, not from the write task
-                eviction.requeue = self.scheduler.next_requeue(key, now=now)
-            elif eviction.requeue_at is not None:
-                entry = self.scheduler.entries.get(key)
-                count = entry.requeue_count if entry is not None else 0
-                eviction.requeue = (count, max(eviction.requeue_at, now))
-            self.bridge.in_flight_releases.add(key)
+            self._prepare_release(key, eviction, now)
             self._spawn(self._write_eviction_done(key, eviction))
+
+    def _prepare_release(self, key: str, eviction: Eviction, now: int) -> None:
+        """The eviction's end as of ``now``: its requeue state (read here, between cycles,
+        not from the write task) and the release marked in flight."""
+        eviction.released_at = now
+        if eviction.backoff:
+            eviction.requeue = self.scheduler.next_requeue(key, now=now)
+        elif eviction.requeue_at is not None:
+            entry = self.scheduler.entries.get(key)
+            count = entry.requeue_count if entry is not None else 0
+            eviction.requeue = (count, max(eviction.requeue_at, now))
+        self.bridge.in_flight_releases.add(key)
 
     async def _write_eviction_done(self, key: str, eviction: Eviction) -> None:
         now = eviction.released_at

@@ -10,6 +10,7 @@ from phalanx.admission.model import Admission, PodSetAssignment
 from phalanx.operator.decision_status import (
     Eviction,
     admission_status,
+    evicted_at_once_status,
     evicted_status,
     eviction_done_status,
 )
@@ -100,3 +101,47 @@ def test_over_a_preemptible_budget_the_quota_reserved_message_says_so_and_is_rea
     assert _over_budget(conditions) == note
     plain = landed(admission_status(ADMIT)(fresh()), fresh())["status"]["conditions"]
     assert _over_budget(plain) == ""
+
+
+def test_a_workload_nothing_owns_is_evicted_and_requeued_in_one_write() -> None:
+    """The one write carries what the two writes of a Job's Workload carry together."""
+    preempted = Eviction(
+        reason="Preempted",
+        message="for ns/high",
+        cluster_queue="cq",
+        preemption_reason="InClusterQueue",
+    )
+    admitted = landed(admission_status(ADMIT)(fresh()), fresh())
+    two = landed(
+        eviction_done_status(preempted, now_ms=3_000, requeue=(1, 63_000))(
+            landed(evicted_status(preempted, now_ms=3_000)(admitted), admitted)
+        ),
+        landed(evicted_status(preempted, now_ms=3_000)(admitted), admitted),
+    )
+    build = evicted_at_once_status(preempted, now_ms=3_000, requeue=(1, 63_000))
+    one = landed(build(admitted), admitted)
+    assert one["status"] == two["status"]
+    assert "admission" not in one["status"]
+    conditions = {c["type"]: c for c in one["status"]["conditions"]}
+    assert conditions["Evicted"]["status"] == "True"
+    assert conditions["Preempted"]["status"] == "True"
+    assert conditions["QuotaReserved"]["status"] == "False"
+    assert one["status"]["schedulingStats"]["evictions"][0]["count"] == 1
+    assert build(one) is None, "read back after a lost answer: nothing more to write"
+
+
+def test_a_workload_finished_meanwhile_is_neither_evicted_nor_stripped_of_its_admission() -> None:
+    admitted = landed(admission_status(ADMIT)(fresh()), fresh())
+    finished = {
+        **admitted,
+        "status": {
+            **admitted["status"],
+            "conditions": [
+                *admitted["status"]["conditions"],
+                {"type": "Finished", "status": "True", "reason": "Succeeded", "message": ""},
+            ],
+        },
+    }
+    assert evicted_status(EVICTION, now_ms=2_000)(finished) is None
+    assert eviction_done_status(EVICTION, now_ms=2_000, requeue=None)(finished) is None
+    assert evicted_at_once_status(EVICTION, now_ms=2_000, requeue=None)(finished) is None

@@ -148,3 +148,58 @@ def test_a_failed_eviction_write_is_retried_not_marked_written() -> None:
         assert eviction.written and writer.calls == ["evict"] * 3
 
     asyncio.run(main())
+
+
+def _evict_with(loop: SchedulingLoop, workload_metadata: dict[str, Any]) -> Eviction:
+    loop.state.apply(
+        "Workload",
+        None,
+        {"metadata": {"name": "w", "namespace": "ns", "resourceVersion": "2", **workload_metadata}},
+    )
+    eviction = Eviction(reason="Preempted", message="m", cluster_queue="cq", preemption_reason="X")
+    loop._start_eviction(KEY, eviction)
+    return eviction
+
+
+def test_a_workload_nothing_owns_is_evicted_in_one_write_released_only_after_it() -> None:
+    async def main() -> None:
+        writer = ScriptedWriter(
+            [WriteOutcome(ok=False, status=500, error="etcd"), WriteOutcome(ok=True)]
+        )
+        loop = make_loop(writer)
+        eviction = _evict_with(loop, {})
+        await asyncio.wait_for(writer.called.wait(), 5)
+        # In flight: the core must not release the quota before the API shows it released.
+        assert KEY in loop.bridge.in_flight_releases and loop._released == []
+        await step(writer)
+        assert loop._released == [] and KEY in loop.evicting, "released after a failed write"
+        await step(writer)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert writer.calls == ["evict", "evict"], "one write per attempt, no requeue write"
+        assert loop._released == [(KEY, eviction)] and KEY not in loop.evicting
+
+    asyncio.run(main())
+
+
+def test_a_jobs_workload_is_evicted_first_and_released_when_the_job_stopped() -> None:
+    async def main() -> None:
+        writer = ScriptedWriter([WriteOutcome(ok=True)])
+        loop = make_loop(writer)
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": "j",
+            "uid": "u",
+            "controller": True,
+        }
+        eviction = _evict_with(loop, {"ownerReferences": [owner]})
+        await asyncio.wait_for(writer.called.wait(), 5)
+        await step(writer)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert writer.calls == ["evict"]
+        assert eviction.written and KEY in loop.evicting and loop._released == []
+        assert KEY not in loop.bridge.in_flight_releases, "quota released with its Job running"
+
+    asyncio.run(main())
