@@ -248,6 +248,23 @@ def register(subparsers: Any) -> None:
         default=None,
         help="first requeue delay after a PodsReady timeout; doubles each time (60)",
     )
+    parser.add_argument(
+        "--routine-events-qps",
+        type=_events_qps,
+        metavar="QPS",
+        default=5.0,
+        help="Events the object's status already records (QuotaReserved, Admitted,"
+        " CreatedWorkload) are written at most this fast; 0: all of them. Preemption,"
+        " eviction and warning Events are always written (5)",
+    )
+    parser.add_argument(
+        "--routine-events-burst",
+        type=_events_burst,
+        metavar="N",
+        default=100,
+        help="how many routine Events may be written at once before --routine-events-qps"
+        " applies (100)",
+    )
     election = parser.add_argument_group(
         "leader election",
         "With leader election, replicas share a coordination.k8s.io Lease and only its holder"
@@ -366,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
         liveness_port=args.liveness_port or None,
         health_addr=args.health_probe_listen,
         cert_check_seconds=args.cert_check_seconds,
+        routine_events_qps=args.routine_events_qps,
+        routine_events_burst=args.routine_events_burst,
         liveness_stall_seconds=args.liveness_stall_seconds,
         store_url=_store_url(args.store),
         webhook=webhook,
@@ -458,6 +477,30 @@ def _webhook_timeout(value: str) -> int:
     if not 1 <= seconds <= 10:
         raise argparse.ArgumentTypeError(f"{value} is not between 1 and 10 (seconds)")
     return seconds
+
+
+def _events_qps(value: str) -> float:
+    try:
+        qps = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of Events per second"
+        ) from None
+    if not qps >= 0 or qps == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a rate: give Events per second >= 0 (0 writes every Event)"
+        )
+    return qps
+
+
+def _events_burst(value: str) -> int:
+    try:
+        burst = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of Events") from None
+    if burst < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1: give at least 1 Event")
+    return burst
 
 
 def webhook_namespace_selector(args: argparse.Namespace, settings: ConfigFile) -> dict[str, Any]:

@@ -88,6 +88,11 @@ class OperatorConfig:
     """ClusterQueue/LocalQueue status is written at most this often per queue."""
     pending_message_min_interval: float = 5.0
     """A pending Workload's explanation is rewritten at most this often (and only on change)."""
+    routine_events_qps: float = 5.0
+    routine_events_burst: int = 100
+    """Events that record what the object's status already shows (``QuotaReserved``,
+    ``Admitted``, ``CreatedWorkload``) are written at most this fast across the operator (a
+    token bucket); a qps of 0: every one. Preemptions, evictions and warnings always are."""
     cycle_min_interval: float = 0.05
     """Coalescing window: events arriving within it share one scheduling cycle."""
     fair_sharing: bool = False

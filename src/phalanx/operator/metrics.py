@@ -140,6 +140,13 @@ class Metrics:
             registry=r,
         )
 
+        self.events_skipped_total = Counter(
+            "phalanx_events_skipped",
+            "Routine Events not written because of the routine Events rate limit, per 'reason'",
+            ["reason"],
+            registry=r,
+        )
+
     # Helpers used by the operator, so label order lives in one place.
 
     def admitted(self, cluster_queue: str, *, wait_seconds: float) -> None:

@@ -55,6 +55,7 @@ from phalanx.operator.podsync import FRAMEWORK as FRAMEWORK_POD
 from phalanx.operator.podsync import PodGroupController
 from phalanx.operator.provisioning import ProvisioningController
 from phalanx.operator.queuestatus import QueueStatus
+from phalanx.operator.ratelimit import TokenBucket
 from phalanx.operator.serving import Endpoints, metrics_cert_folder
 from phalanx.operator.state import ClusterState
 from phalanx.operator.ungate import GateRemover
@@ -342,6 +343,9 @@ class PhalanxOperator:
             self.state,
             self.metrics,
             pending_min_interval=self.config.pending_message_min_interval,
+            routine_events=TokenBucket(
+                rate=self.config.routine_events_qps, burst=self.config.routine_events_burst
+            ),
         )
         self.jobs = (
             JobController(

@@ -31,10 +31,16 @@ from phalanx.operator.kube import (
     outcome_unknown,
 )
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.ratelimit import TokenBucket
 from phalanx.operator.retry import Backoff
 from phalanx.operator.state import ClusterState
 
-__all__ = ["FIELD_MANAGER", "StatusWriter", "WriteOutcome"]
+__all__ = ["FIELD_MANAGER", "ROUTINE_EVENTS", "StatusWriter", "WriteOutcome"]
+
+ROUTINE_EVENTS = frozenset({"Admitted", "CreatedWorkload", "QuotaReserved"})
+"""Events whose news the object itself keeps (its conditions, ``status.admission``, the
+Workload's existence): rate-limited, where preemptions and evictions, which a later status
+no longer shows, never are."""
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +74,10 @@ class StatusWriter:
         *,
         concurrency: int = 16,
         pending_min_interval: float = 5.0,
+        routine_events: TokenBucket | None = None,
     ) -> None:
         self.api = api
+        self.routine_events = routine_events or TokenBucket(rate=0, burst=1)
         self.state = state
         self.metrics = metrics
         self.pending_min_interval = pending_min_interval
@@ -378,7 +386,12 @@ class StatusWriter:
     async def event(
         self, obj: dict[str, Any], *, reason: str, message: str, warning: bool = False
     ) -> None:
-        """A core/v1 Event on ``obj`` (best effort: a lost Event is not retried)."""
+        """A core/v1 Event on ``obj`` (best effort: a lost Event is not retried). A routine
+        one (``ROUTINE_EVENTS``: the object's status shows the same) is skipped, and counted,
+        when the routine Events' rate limit is spent."""
+        if reason in ROUTINE_EVENTS and not warning and not self.routine_events.take():
+            self.metrics.events_skipped_total.labels(reason).inc()
+            return
         metadata = obj["metadata"]
         namespace = metadata.get("namespace") or "default"
         now = cond.rfc3339(int(time.time() * 1000))
