@@ -50,7 +50,7 @@ from phalanx.bench.proc import (
 )
 from phalanx.bench.result import E2EResult, e2e_problems, store_cpu, write_counts
 from phalanx.bench.setup import SELECTOR, ScenarioObjects
-from phalanx.bench.tracker import Track, WorkloadTracker
+from phalanx.bench.tracker import Track, WorkloadTracker, percentile
 from phalanx.operator import kubeconfig
 from phalanx.operator.kube import (
     CLUSTER_QUEUES,
@@ -361,6 +361,7 @@ class _Run:
             nominal[q.cq_class] = nominal.get(q.cq_class, 0) + q.nominal
         admissions = sum(t.admissions for t in tracker.tracks.values())
         writes, by_verb, cycles = write_counts(before, after)
+        releases = tracker.release_latencies_ms()
         return E2EResult(
             scenario=self.scenario.name,
             workloads=len(self.workloads),
@@ -398,6 +399,9 @@ class _Run:
             invariant_problems=problems,
             setup_s=setup_s,
             operator_log=str(self.operator.log) if self.operator is not None else None,
+            release_latency_p50_ms=int(percentile(releases, 50)),
+            release_latency_p99_ms=int(percentile(releases, 99)),
+            releases_measured=len(releases),
         )
 
 

@@ -62,6 +62,7 @@ class PlannedWorkload:
     request: int
     """Per pod, milli-CPU."""
     pod_count: int
+    cohort: str = ""
 
     @property
     def key(self) -> str:
@@ -114,6 +115,7 @@ def plan(scenario: Scenario) -> tuple[list[PlannedQueue], list[PlannedWorkload]]
                                         priority=template.priority,
                                         request=template.request,
                                         pod_count=template.pod_count,
+                                        cohort=cohort,
                                     )
                                 )
     workloads.sort(key=lambda w: (w.at_ms, w.namespace, w.name))

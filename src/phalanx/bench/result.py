@@ -74,6 +74,11 @@ class E2EResult:
     invariant_problems: tuple[str, ...]
     setup_s: float
     operator_log: str | None
+    release_latency_p50_ms: int = 0
+    release_latency_p99_ms: int = 0
+    releases_measured: int = 0
+    """From a Workload's ``Finished`` seen to the next admission seen in its cohort of a
+    Workload waiting by then (``WorkloadTracker.release_latencies_ms``)."""
 
     def as_bench_result(self) -> BenchResult:
         """The bench-core view, wall time being real: what Kueue's rangespec checks."""
@@ -134,6 +139,14 @@ class E2EResult:
                 else round(self.operator_rss_end_mib, 1),
                 "samples": self.operator_rss_samples,
                 "max_sample_gap_s": round(self.operator_rss_max_gap_s, 2),
+            },
+            "release_latency_ms": {
+                "p50": self.release_latency_p50_ms,
+                "p99": self.release_latency_p99_ms,
+                "count": self.releases_measured,
+                "mean_cycle_interval": None
+                if not self.cycles
+                else round(self.real_wall_ms / self.cycles, 1),
             },
             "api_writes": self.api_writes,
             "api_writes_per_admission": (

@@ -15,7 +15,9 @@ from the first sight of the Workload (its actual creation), is kept beside it as
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -191,6 +193,29 @@ class WorkloadTracker:
                 out.setdefault(t.planned.class_name, []).append(
                     1000 * (t.last_admission_at - t.seen_at)
                 )
+        return out
+
+    def release_latencies_ms(self) -> list[float]:
+        """Per finished workload that left another waiting in its cohort: from the sight of
+        its ``Finished`` to the next admission seen in that cohort of a workload that existed
+        by then. The time a release takes to turn into work (the informer, the cycle, the
+        admission write and its watch event), where the finish made room for a waiter."""
+        admissions: dict[str, list[tuple[float, float]]] = {}
+        for t in self.tracks.values():
+            if t.last_admission_at is not None and t.seen_at is not None:
+                admissions.setdefault(t.planned.cohort, []).append((t.last_admission_at, t.seen_at))
+        for times in admissions.values():
+            times.sort()
+        out: list[float] = []
+        for t in self.tracks.values():
+            if t.finished_at is None:
+                continue
+            times = admissions.get(t.planned.cohort, [])
+            i = bisect.bisect_left(times, (t.finished_at, -math.inf))
+            for admitted_at, seen_at in times[i:]:
+                if seen_at < t.finished_at:
+                    out.append(1000 * (admitted_at - t.finished_at))
+                    break
         return out
 
     def creation_lags_ms(self, *, start: float) -> list[float]:

@@ -47,6 +47,11 @@ report fields (--json keys; the text report shows the same figures):
                         the bench starts): peak is the kernel's VmHWM (whole life, start-up
                         included), end is VmRSS when the last Workload finished; sampled from
                         /proc/<pid>/status every 0.5 s (null when the pid is unknown)
+  release_latency_ms.{p50,p99,count,mean_cycle_interval}
+                        from a Workload's Finished (as the bench's watch saw it) to the next
+                        admission seen in its cohort of a Workload that existed by then: how
+                        fast a release turns into work, next to the mean time between two
+                        scheduling cycles (wall / cycles)
   real_wall_ms, ideal_ms, wall_over_ideal
                         from the origin of the schedule to the last Workload finished, vs
                         the ideal schedule
@@ -191,6 +196,11 @@ def _print_human(r: dict[str, Any], problems: list[str]) -> None:
     print(
         f"  creation lag behind schedule: max {lag['max']} ms, p50 {lag['p50']} ms,"
         f" p99 {lag['p99']} ms"
+    )
+    rel = r["release_latency_ms"]
+    print(
+        f"  release to next admission in the cohort: p50 {rel['p50']} ms, p99 {rel['p99']} ms"
+        f" ({rel['count']} releases; a cycle every {rel['mean_cycle_interval']} ms)"
     )
     rss = r["operator_rss_mib"]
     if rss is None:

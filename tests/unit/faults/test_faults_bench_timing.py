@@ -214,6 +214,22 @@ def test_creation_lag_starts_at_the_first_sight_whichever_came_first(
     assert tracker.creation_lags_ms(start=0.0) == [pytest.approx(30.0)]
 
 
+def test_release_latency_is_finish_to_the_next_admission_of_a_waiter_in_the_cohort(
+    scenario: Scenario,
+) -> None:
+    """a finishes at 10 s; b (waiting since 1 s) is admitted at 10.25 s: 250 ms. c, created
+    after a finished, admitted earlier at 10.1 s, is no waiter: it does not count. b's own
+    finish leaves nobody waiting: no figure."""
+    _, workloads = plan(scenario)
+    a, b, c = workloads[:3]
+    tracker = WorkloadTracker([a, b, c], finish=_no_finish, clock=lambda: 0.0)
+    ta, tb, tc = (tracker.tracks[w.key] for w in (a, b, c))
+    ta.seen_at, ta.last_admission_at, ta.finished_at = 0.5, 0.6, 10.0
+    tb.seen_at, tb.last_admission_at, tb.finished_at = 1.0, 10.25, 11.0
+    tc.seen_at, tc.last_admission_at = 10.05, 10.1
+    assert tracker.release_latencies_ms() == [pytest.approx(250.0)]
+
+
 def _status(path: Path, *, rss: int, hwm: int) -> Path:
     path.write_text(STATUS.format(rss=rss, hwm=hwm))
     return path
