@@ -475,8 +475,12 @@ class SchedulingLoop:
             await asyncio.sleep(delay)
 
     async def _eviction_event(self, key: str, eviction: Eviction) -> None:
+        """The eviction's Event, unless the Workload finished before it could be evicted
+        (nothing was written then: its status keeps the admission it finished with)."""
         workload = self.state.get("Workload", key)
-        if workload is not None:
+        if workload is not None and not cond.is_true(
+            (workload.get("status") or {}).get("conditions"), cond.FINISHED
+        ):
             await self.writer.event(
                 workload,
                 reason="Preempted" if eviction.preemption_reason else "Evicted",

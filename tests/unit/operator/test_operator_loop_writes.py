@@ -203,3 +203,44 @@ def test_a_jobs_workload_is_evicted_first_and_released_when_the_job_stopped() ->
         assert KEY not in loop.bridge.in_flight_releases, "quota released with its Job running"
 
     asyncio.run(main())
+
+
+def test_a_victim_finished_before_its_eviction_gets_no_eviction_event() -> None:
+    class Recording(ScriptedWriter):
+        def __init__(self, outcomes: list[WriteOutcome]) -> None:
+            super().__init__(outcomes)
+            self.events: list[str] = []
+
+        async def event(self, obj: dict[str, Any], **kwargs: Any) -> None:
+            self.events.append(kwargs["reason"])
+
+    async def main() -> None:
+        writer = Recording([WriteOutcome(ok=True), WriteOutcome(ok=True)])
+        loop = make_loop(writer)
+        _evict_with(loop, {})
+        await asyncio.wait_for(writer.called.wait(), 5)
+        await step(writer)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert writer.events == ["Preempted"]
+        loop.state.apply(
+            "Workload",
+            None,
+            {
+                "metadata": {"name": "w", "namespace": "ns", "resourceVersion": "3"},
+                "status": {"conditions": [{"type": "Finished", "status": "True"}]},
+            },
+        )
+        loop.evicting.clear()
+        loop.bridge.in_flight_releases.clear()
+        loop._start_eviction(
+            KEY,
+            Eviction(reason="Preempted", message="m", cluster_queue="cq", preemption_reason="X"),
+        )
+        await asyncio.wait_for(writer.called.wait(), 5)
+        await step(writer)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert writer.events == ["Preempted"], "an Event for an eviction that did not happen"
+
+    asyncio.run(main())
