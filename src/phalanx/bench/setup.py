@@ -115,12 +115,14 @@ class ScenarioObjects:
             left = await self.list(NAMESPACES, label_selector=SELECTOR)
             queues = await self.list(CLUSTER_QUEUES, label_selector=SELECTOR)
             nodes = await self.list(NODES, label_selector=SELECTOR)
-            if not left and not queues and not nodes:
+            topologies = await self.list(TOPOLOGIES, label_selector=SELECTOR)
+            if not left and not queues and not nodes and not topologies:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"{len(left)} namespaces, {len(queues)} ClusterQueues and {len(nodes)}"
-                    " nodes of an earlier run are still terminating after 10 minutes"
+                    f"{len(left)} namespaces, {len(queues)} ClusterQueues, {len(nodes)} nodes"
+                    f" and {len(topologies)} Topologies of an earlier run are still"
+                    " terminating after 10 minutes"
                 )
             await asyncio.sleep(1.0)
 
