@@ -5,11 +5,12 @@ Steps (each a function below):
 
 1. install the CRDs if given, remove a previous run's leftovers, start a fresh operator
    (unless one already runs against the cluster);
-2. create the scenario's ResourceFlavor, ClusterQueues, Namespaces and LocalQueues, and wait
-   until the operator reports every ClusterQueue Active;
+2. for a TAS scenario create its nodes (KWOK) and Topology; create the scenario's
+   ResourceFlavor, ClusterQueues, Namespaces and LocalQueues, and wait until the operator
+   reports every ClusterQueue Active;
 3. watch the run's Workloads (label selector) feeding a :class:`WorkloadTracker` (finishes
    each Workload ``runtimeMs`` after Admitted, as Kueue's runner) and an
-   :class:`InvariantChecker`;
+   :class:`InvariantChecker` (and, for TAS, an :class:`AssignmentChecker`);
 4. create the Workloads at their creation intervals, concurrent POSTs through a bounded
    pool, until every one is Finished, sampling the operator's resident memory meanwhile;
 5. read the operator's API-write counter and CPU time, check invariants and leaks, delete
@@ -50,6 +51,7 @@ from phalanx.bench.proc import (
 )
 from phalanx.bench.result import E2EResult, e2e_problems, store_cpu, write_counts
 from phalanx.bench.setup import SELECTOR, ScenarioObjects
+from phalanx.bench.tas import AssignmentChecker, Demand, TopologySpec, plan_nodes
 from phalanx.bench.tracker import Track, WorkloadTracker, percentile
 from phalanx.operator import kubeconfig
 from phalanx.operator.kube import (
@@ -84,15 +86,30 @@ class E2EOptions:
     cleanup: bool = True
 
 
-def run_e2e(scenario: Scenario, options: E2EOptions) -> E2EResult:
-    return asyncio.run(_Run(scenario, options).run())
+def run_e2e(
+    scenario: Scenario, options: E2EOptions, *, topology: TopologySpec | None = None
+) -> E2EResult:
+    """``topology``: a TAS scenario's, whose nodes the run creates (and deletes)."""
+    return asyncio.run(_Run(scenario, options, topology).run())
 
 
 class _Run:
-    def __init__(self, scenario: Scenario, options: E2EOptions) -> None:
+    def __init__(
+        self, scenario: Scenario, options: E2EOptions, topology: TopologySpec | None = None
+    ) -> None:
         self.scenario = scenario
         self.options = options
+        self.topology = topology
         self.queues, self.workloads = plan(scenario)
+        self.nodes = plan_nodes(topology) if topology is not None else []
+        self.tas = AssignmentChecker(
+            self.nodes,
+            {
+                w.key: Demand(pods=w.pod_count, cpu=w.request, request=w.topology)
+                for w in self.workloads
+                if w.topology is not None
+            },
+        )
         self.api: KubeApi | None = None
         self.operator: OperatorProcess | None = None
         self.create_errors = 0
@@ -108,7 +125,12 @@ class _Run:
         auth = kubeconfig.load(self.options.kubeconfig)
         self.api = KubeApi(auth, connection_limit=2 * self.options.concurrency + 8)
         self.objects = ScenarioObjects(
-            self.api, self.scenario, self.queues, concurrency=self.options.concurrency
+            self.api,
+            self.scenario,
+            self.queues,
+            concurrency=self.options.concurrency,
+            topology=self.topology,
+            nodes=self.nodes,
         )
         informers: list[ListingInformer] = []
         try:
@@ -118,6 +140,7 @@ class _Run:
             await self.objects.remove_leftovers()
             if self.options.start_operator:
                 self.operator = await asyncio.to_thread(self._start_operator)
+            await self.objects.create_topology()
             await self.objects.create_queues()
             await self.objects.wait_active()
             setup_s = time.monotonic() - started
@@ -126,6 +149,7 @@ class _Run:
             def on_workload(event_type: str, obj: dict[str, Any]) -> None:
                 tracker.on_event(event_type, obj)
                 self.checker.on_workload(event_type, obj)
+                self.tas.on_workload(event_type, obj)
 
             def on_workload_list(objects: list[dict[str, Any]], rv: str | None) -> None:
                 # A relist (the start, or after a watch gap) is judged whole by the checker:
@@ -133,6 +157,7 @@ class _Run:
                 for obj in objects:
                     tracker.on_event("ADDED", obj)
                 self.checker.on_workload_list(objects, resource_version=rv)
+                self.tas.on_workload_list(objects)
 
             informers = [
                 ListingInformer(
@@ -336,7 +361,8 @@ class _Run:
             problems = self.checker.final_problems(queues=names)
             if len(problems) < best:
                 best, last_progress = len(problems), time.monotonic()
-        return tuple(problems)
+        _, placement_problems = self.tas.snapshot()
+        return tuple(problems + placement_problems)
 
     # -- 3. results and cleanup -----------------------------------------------------------------
 
@@ -402,6 +428,8 @@ class _Run:
             release_latency_p50_ms=int(percentile(releases, 50)),
             release_latency_p99_ms=int(percentile(releases, 99)),
             releases_measured=len(releases),
+            tas_nodes=len(self.nodes),
+            tas_assignments_checked=self.tas.snapshot()[0],
         )
 
 

@@ -6,7 +6,9 @@ Kueue's generator). Per queue set ``s`` and index ``q``: ClusterQueue, Namespace
 LocalQueue all named ``{class}-{s}-{q}-{cohort}``. Per workload set ``w`` of that queue:
 Workloads ``{class}-{w}-{i}-{t}`` created one ``creationIntervalMs`` after the previous one
 of the same set, the sets of a queue running in parallel. Everything carries Kueue's
-cleanup label, so the run's objects are found (and deleted) by label.
+cleanup label, so the run's objects are found (and deleted) by label. In a TAS scenario the
+ResourceFlavor selects the scenario's nodes and names its Topology, and each Workload's pod
+set carries the template's ``topologyRequest`` (see :mod:`phalanx.bench.tas`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx.bench.core_replay import RESOURCE, Scenario
+from phalanx.bench.tas import topology_request_object
+from phalanx.placement import TopologyRequest
 from phalanx.quotas.quantity import format_quantity
 
 __all__ = [
@@ -63,6 +67,7 @@ class PlannedWorkload:
     """Per pod, milli-CPU."""
     pod_count: int
     cohort: str = ""
+    topology: TopologyRequest | None = None
 
     @property
     def key(self) -> str:
@@ -116,6 +121,7 @@ def plan(scenario: Scenario) -> tuple[list[PlannedQueue], list[PlannedWorkload]]
                                         request=template.request,
                                         pod_count=template.pod_count,
                                         cohort=cohort,
+                                        topology=template.topology,
                                     )
                                 )
     workloads.sort(key=lambda w: (w.at_ms, w.namespace, w.name))
@@ -130,11 +136,17 @@ def _labels(cq_class: str | None = None) -> dict[str, str]:
 
 
 def flavor_object(scenario: Scenario) -> dict[str, Any]:
+    flavor = scenario.flavor
+    spec: dict[str, Any] = {}
+    if flavor.node_labels:
+        spec["nodeLabels"] = dict(flavor.node_labels)
+    if flavor.topology_name:
+        spec["topologyName"] = flavor.topology_name
     return {
         "apiVersion": API,
         "kind": "ResourceFlavor",
-        "metadata": {"name": scenario.flavor.name, "labels": _labels()},
-        "spec": {},
+        "metadata": {"name": flavor.name, "labels": _labels()},
+        "spec": spec,
     }
 
 
@@ -187,6 +199,28 @@ def workload_object(workload: PlannedWorkload) -> dict[str, Any]:
     labels = _labels()
     labels[CLASS_LABEL] = workload.class_name
     labels[RUNTIME_LABEL] = str(workload.runtime_ms)
+    pod_set: dict[str, Any] = {
+        "name": "main",
+        "count": workload.pod_count,
+        "template": {
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {
+                            "requests": {
+                                RESOURCE: format_quantity(workload.request, resource=RESOURCE)
+                            }
+                        },
+                    }
+                ],
+            }
+        },
+    }
+    if workload.topology is not None:
+        pod_set["topologyRequest"] = topology_request_object(workload.topology)
     return {
         "apiVersion": API,
         "kind": "Workload",
@@ -194,29 +228,6 @@ def workload_object(workload: PlannedWorkload) -> dict[str, Any]:
         "spec": {
             "queueName": workload.namespace,
             "priority": workload.priority,
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": workload.pod_count,
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [
-                                {
-                                    "name": "c",
-                                    "image": "registry.k8s.io/pause:3.10",
-                                    "resources": {
-                                        "requests": {
-                                            RESOURCE: format_quantity(
-                                                workload.request, resource=RESOURCE
-                                            )
-                                        }
-                                    },
-                                }
-                            ],
-                        }
-                    },
-                }
-            ],
+            "podSets": [pod_set],
         },
     }

@@ -79,6 +79,10 @@ class E2EResult:
     releases_measured: int = 0
     """From a Workload's ``Finished`` seen to the next admission seen in its cohort of a
     Workload waiting by then (``WorkloadTracker.release_latencies_ms``)."""
+    tas_nodes: int = 0
+    """Nodes the run created for a TAS scenario (0 otherwise)."""
+    tas_assignments_checked: int = 0
+    """Reservations of TAS Workloads whose topologyAssignment the run judged."""
 
     def as_bench_result(self) -> BenchResult:
         """The bench-core view, wall time being real: what Kueue's rangespec checks."""
@@ -174,6 +178,9 @@ class E2EResult:
             "invariant_problems": list(self.invariant_problems),
             "setup_s": round(self.setup_s, 1),
             "operator_log": self.operator_log,
+            "tas": None
+            if not self.tas_nodes
+            else {"nodes": self.tas_nodes, "assignments_checked": self.tas_assignments_checked},
         }
 
 

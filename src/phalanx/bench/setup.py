@@ -4,6 +4,11 @@ Everything the run creates carries Kueue's cleanup label, so a later run (or a c
 finds and deletes it by label. Writes right after start-up are retried: freshly installed
 CRDs answer 429 ("storage is (re)initializing") for a moment, and the webhook may still be
 settling.
+
+A TAS scenario also gets its nodes (KWOK nodes: KWOK reports them Ready and keeps their
+leases, no kubelet runs), created with bounded concurrency before the Topology and the
+ResourceFlavor, and deleted with the rest. Their names (``node-b0-r2-n15``) and the flavor's
+node label keep them apart from the local control plane's own nodes.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from phalanx.bench.objects import (
     local_queue_object,
     namespace_object,
 )
+from phalanx.bench.tas import PlannedNode, TopologySpec, node_object, topology_object
 from phalanx.devcluster.handle import keep_conversion_url
 from phalanx.operator.kube import (
     CLUSTER_QUEUES,
@@ -37,10 +43,12 @@ from phalanx.operator.kube import (
     gather_limited,
 )
 
-__all__ = ["CRDS", "FLAVORS", "NAMESPACES", "SELECTOR", "ScenarioObjects"]
+__all__ = ["CRDS", "FLAVORS", "NAMESPACES", "NODES", "SELECTOR", "TOPOLOGIES", "ScenarioObjects"]
 
 NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
 FLAVORS = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", namespaced=False)
+TOPOLOGIES = Resource("kueue.x-k8s.io", "v1beta2", "topologies", namespaced=False)
+NODES = Resource("", "v1", "nodes", namespaced=False)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 SELECTOR = f"{CLEANUP_LABEL}=true"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -57,11 +65,15 @@ class ScenarioObjects:
         queues: Sequence[PlannedQueue],
         *,
         concurrency: int,
+        topology: TopologySpec | None = None,
+        nodes: Sequence[PlannedNode] = (),
     ) -> None:
         self.api = api
         self.scenario = scenario
         self.queues = queues
         self.concurrency = concurrency
+        self.topology = topology
+        self.nodes = nodes
 
     async def install_crds(self, crds: Sequence[dict[str, Any]]) -> None:
         for crd in crds:
@@ -102,14 +114,48 @@ class ScenarioObjects:
         while True:
             left = await self.list(NAMESPACES, label_selector=SELECTOR)
             queues = await self.list(CLUSTER_QUEUES, label_selector=SELECTOR)
-            if not left and not queues:
+            nodes = await self.list(NODES, label_selector=SELECTOR)
+            topologies = await self.list(TOPOLOGIES, label_selector=SELECTOR)
+            if not left and not queues and not nodes and not topologies:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"{len(left)} namespaces and {len(queues)} ClusterQueues of an earlier run"
-                    " are still terminating after 10 minutes"
+                    f"{len(left)} namespaces, {len(queues)} ClusterQueues, {len(nodes)} nodes"
+                    f" and {len(topologies)} Topologies of an earlier run are still"
+                    " terminating after 10 minutes"
                 )
             await asyncio.sleep(1.0)
+
+    async def create_topology(self, *, timeout: float = 300.0) -> None:
+        """The scenario's nodes, Ready (KWOK's doing), then its Topology."""
+        if self.topology is None:
+            return
+        labels = {CLEANUP_LABEL: "true"}
+        results = await gather_limited(
+            [self.create(NODES, node_object(n, extra_labels=labels)) for n in self.nodes],
+            limit=self.concurrency,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise RuntimeError(f"{len(errors)} nodes could not be created: {errors[0]!r}")
+        wanted = {n.name for n in self.nodes}
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = {
+                n["metadata"]["name"]
+                for n in await self.list(NODES, label_selector=SELECTOR)
+                if _ready(n)
+            }
+            if wanted <= ready:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{len(wanted - ready)} of the scenario's {len(wanted)} nodes not Ready after"
+                    f" {timeout:.0f} s; KWOK (the local control plane's, or one that manages"
+                    " nodes annotated kwok.x-k8s.io/node=fake) must run in the cluster"
+                )
+            await asyncio.sleep(1.0)
+        await self.create(TOPOLOGIES, topology_object(self.topology, labels=labels))
 
     async def create_queues(self) -> None:
         flavor = self.scenario.flavor.name
@@ -191,11 +237,15 @@ class ScenarioObjects:
             ns["metadata"]["name"] for ns in await self.list(NAMESPACES, label_selector=SELECTOR)
         ]
         flavors = [f["metadata"]["name"] for f in await self.list(FLAVORS, label_selector=SELECTOR)]
+        topologies = [
+            t["metadata"]["name"] for t in await self.list(TOPOLOGIES, label_selector=SELECTOR)
+        ]
+        nodes = [n["metadata"]["name"] for n in await self.list(NODES, label_selector=SELECTOR)]
 
         async def delete(resource: Resource, name: str) -> None:
             with contextlib.suppress(ApiError):
                 await self.api.delete(resource, name)
-            if resource is CLUSTER_QUEUES or resource is FLAVORS:
+            if resource is CLUSTER_QUEUES or resource is FLAVORS or resource is TOPOLOGIES:
                 # No operator of this run removes the resource-in-use finalizer yet.
                 with contextlib.suppress(ApiError):
                     await self.api.patch(name=name, resource=resource, patch=_UNFINALIZE)
@@ -203,6 +253,20 @@ class ScenarioObjects:
         await gather_limited(
             [delete(NAMESPACES, n) for n in namespaces]
             + [delete(CLUSTER_QUEUES, n) for n in queue_names]
-            + [delete(FLAVORS, n) for n in flavors],
+            + [delete(FLAVORS, n) for n in flavors]
+            + [delete(TOPOLOGIES, n) for n in topologies]
+            + [delete(NODES, n) for n in nodes],
             limit=self.concurrency,
         )
+
+
+_NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    """Ready, and the node lifecycle controller has lifted its not-ready taint."""
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    taints = (node.get("spec") or {}).get("taints") or ()
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    ) and not any(t.get("key") in _NOT_READY_TAINTS for t in taints)

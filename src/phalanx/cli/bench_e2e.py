@@ -60,7 +60,13 @@ report fields (--json keys; the text report shows the same figures):
   store_cpu_s, store_cpu_share
                         of operator_cpu_s, what the usage history store cost (its
                         phalanx_store_cpu_seconds; null when the operator ran without one)
-  invariant_problems    quota or admission invariants broken during the run, and leaks
+  invariant_problems    quota or admission invariants broken during the run, and leaks;
+                        for TAS, every admitted Workload's topologyAssignment: all pods
+                        placed on the scenario's nodes, the required level (and each
+                        slice's) one domain, no node over its allocatable cpu or pods
+  tas.{nodes,assignments_checked}
+                        TAS scenarios: the KWOK nodes the run created, and the
+                        reservations whose topologyAssignment was judged (null otherwise)
   checks.{pass,problems}
                         Kueue's rangespec thresholds and Phalanx's own, as above
 """
@@ -77,6 +83,8 @@ def register_e2e(bench: Any) -> None:
             " time to admission per class, usage, API writes per admission and operator CPU."
             " With a rangespec.yaml beside the config, checks Kueue's thresholds (against real"
             " wall time) and Phalanx's own (wall <= 2 x ideal, <= 3 writes per admission)."
+            " A TAS scenario (topology: in the config) also gets its nodes, created as KWOK"
+            " nodes with the generator's labels and capacity and deleted at the end."
         ),
         epilog=REPORT_FIELDS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,11 +132,12 @@ def _run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if topology is not None:
+    unsliced = _balanced_without_slice_size(scenario)
+    if unsliced:
         print(
-            f"error: {args.config}: topology scenarios need their generated nodes; bench e2e"
-            " runs the quota scenarios (baseline, large-scale). Use 'phalanx bench core' for"
-            " TAS.",
+            f"error: {args.config}: {unsliced}: tasConstraint balanced needs sliceSize (the"
+            " Workload API requires podSetSliceSize with podSetSliceRequiredTopology); add"
+            " sliceSize to that workload",
             file=sys.stderr,
         )
         return 2
@@ -161,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
         control_plane_pids=pids,
         cleanup=not args.keep,
     )
-    result = run_e2e(scenario, options)
+    result = run_e2e(scenario, options, topology=topology)
     problems = rangespec.problems(result.as_bench_result()) if rangespec is not None else []
     problems += e2e_problems(result)
     if args.json:
@@ -171,6 +180,18 @@ def _run(args: argparse.Namespace) -> int:
     else:
         _print_human(result.to_json(), problems)
     return 0 if not problems else 1
+
+
+def _balanced_without_slice_size(scenario: Any) -> str | None:
+    """The class name of a workload with a slice level but no slice size, if any."""
+    for cohort in scenario.cohorts:
+        for qset in cohort.queue_sets:
+            for wset in qset.workload_sets:
+                for template in wset.workloads:
+                    request = template.topology
+                    if request is not None and request.slice_level and not request.slice_size:
+                        return str(template.class_name)
+    return None
 
 
 def _default_workdir() -> Path:
@@ -231,6 +252,11 @@ def _print_human(r: dict[str, Any], problems: list[str]) -> None:
     print("  ClusterQueue classes:")
     for name, c in r["cq_classes"].items():
         print(f"    {name:24s} avg usage {c['avg_usage_pct']:5.1f}%")
+    if r["tas"] is not None:
+        print(
+            f"  TAS: {r['tas']['nodes']} KWOK nodes; {r['tas']['assignments_checked']}"
+            " topology assignments checked"
+        )
     if r["operator_log"]:
         print(f"  operator log: {r['operator_log']}")
     print("PASS" if not problems else "FAIL")

@@ -7,7 +7,7 @@ workloadsSets[].workloads[]). Errors name the field path and say what to do.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from phalanx.bench.core_replay import (
     WorkloadSet,
     WorkloadTemplate,
 )
+from phalanx.bench.tas import TopologyLevel, TopologySpec
 from phalanx.quotas.quantity import QuantityError, parse_quantity
 
 __all__ = [
@@ -36,24 +37,6 @@ __all__ = [
 
 class ScenarioError(ValueError):
     """A scenario or rangespec file that cannot be used; the message names the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class TopologyLevel:
-    name: str
-    count: int
-    node_label: str
-    capacity: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class TopologySpec:
-    """The ``topology:`` and ``resourceFlavor:`` blocks of a TAS scenario."""
-
-    name: str
-    levels: tuple[TopologyLevel, ...]
-    flavor: str
-    flavor_node_label: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +204,13 @@ def load_topology(data: Mapping[str, Any]) -> TopologySpec | None:
     if not block:
         return None
     levels = []
-    for li, level in enumerate(_get(block, "levels", "topology")):
+    listed = _get(block, "levels", "topology")
+    if not isinstance(listed, list) or len(listed) < 2:
+        raise ScenarioError(
+            "topology.levels must list at least 2 levels (the last one is the node, with its"
+            " capacity), as Kueue's generator requires"
+        )
+    for li, level in enumerate(listed):
         where = f"topology.levels[{li}]"
         capacity = {
             res: _quantity(amount, f"{where}.capacity.{res}", res)

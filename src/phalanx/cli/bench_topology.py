@@ -1,21 +1,13 @@
-"""The nodes of a TAS scenario, built as Kueue's generator builds them
-(test/performance/scheduler/runner/generator/topology_generator.go): for each block, rack
-and node, a node labelled with every level, the flavor's node label, and the last level's
-capacity."""
+"""The nodes of a TAS scenario, built as Kueue's generator builds them (see
+:mod:`phalanx.bench.tas`), as the placement oracle of ``phalanx bench core``."""
 
 from __future__ import annotations
 
-import itertools
-
 from phalanx.admission.topology_adapter import TopologyPlacement
-from phalanx.cli.bench_scenario import TopologySpec
-from phalanx.placement import HOSTNAME_LABEL, FlavorTopologies, Node
+from phalanx.bench.tas import FLAVOR_LABEL_VALUE, TopologySpec, plan_nodes
+from phalanx.placement import FlavorTopologies, Node
 
 __all__ = ["build_placement"]
-
-# Kueue's generator labels the TAS nodes and flavor with this value.
-_FLAVOR_LABEL_VALUE = "tas"
-_PODS_PER_NODE = 110
 
 
 def build_placement(spec: TopologySpec) -> TopologyPlacement:
@@ -23,19 +15,10 @@ def build_placement(spec: TopologySpec) -> TopologyPlacement:
     topologies.set_flavor(
         name=spec.flavor,
         levels=[level.node_label for level in spec.levels],
-        node_labels={spec.flavor_node_label: _FLAVOR_LABEL_VALUE},
+        node_labels={spec.flavor_node_label: FLAVOR_LABEL_VALUE},
     )
-    capacity = dict(spec.levels[-1].capacity)
-    capacity.setdefault("pods", _PODS_PER_NODE)
-    for path in itertools.product(*(range(level.count) for level in spec.levels)):
-        name = "node-" + "-".join(
-            f"{level.name[0]}{index}" for level, index in zip(spec.levels, path, strict=True)
+    for node in plan_nodes(spec):
+        topologies.upsert_node(
+            Node(name=node.name, labels=node.labels, allocatable=node.allocatable)
         )
-        labels = {
-            level.node_label: f"{level.name}-{index}"
-            for level, index in zip(spec.levels, path, strict=True)
-        }
-        labels[HOSTNAME_LABEL] = name
-        labels[spec.flavor_node_label] = _FLAVOR_LABEL_VALUE
-        topologies.upsert_node(Node(name=name, labels=labels, allocatable=capacity))
     return TopologyPlacement(topologies)
