@@ -20,7 +20,7 @@ from phalanx.cli.bench_scenario import ScenarioError, load_scenario, load_topolo
 
 __all__ = ["register_compare"]
 
-DEFAULT_KUEUE_TIMEOUT_S = 1800.0
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 def _positive_seconds(text: str) -> float:
@@ -63,8 +63,8 @@ def register_compare(bench: Any) -> None:
         "--timeout",
         type=_positive_seconds,
         metavar="S",
-        help=f"each side gives up after S seconds (default: Kueue's runner"
-        f" {int(DEFAULT_KUEUE_TIMEOUT_S)}, bench e2e 10 x ideal)",
+        help=f"each side gives up after S seconds (default {int(DEFAULT_TIMEOUT_S)}, for both:"
+        " the same patience on each side)",
     )
     parser.set_defaults(func=_run)
 
@@ -101,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     except (build.BuildError, addons.AddonError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    timeout_s = args.timeout or DEFAULT_TIMEOUT_S
     _progress(f"Kueue {kueue_perf.KUEUE_VERSION}: runner + minimalkueue on envtest ({workdir})")
     try:
         kueue_run = run_kueue(
@@ -110,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
             assets_dir=control_plane.bin_dir,
             config=args.config,
             output_dir=workdir / "kueue",
-            timeout_s=args.timeout or DEFAULT_KUEUE_TIMEOUT_S,
+            timeout_s=timeout_s,
         )
         kueue = parse_kueue_output(
             kueue_run.output_dir,
@@ -122,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     _progress("Phalanx: bench e2e on the local control plane")
     result = run_local(
-        scenario, state_dir=args.state_dir, workdir=workdir / "phalanx", timeout_s=args.timeout
+        scenario, state_dir=args.state_dir, workdir=workdir / "phalanx", timeout_s=timeout_s
     )
     e2e = result.to_json()
     (workdir / "phalanx-e2e.json").write_text(json.dumps(e2e, indent=2))
