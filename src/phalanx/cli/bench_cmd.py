@@ -33,6 +33,7 @@ _PLUGINS = (
     ("phalanx.cli.bench_e2e", "register_e2e"),
     ("phalanx.cli.bench_explain", "register_explain"),
     ("phalanx.cli.bench_state", "register_state"),
+    ("phalanx.cli.bench_compare", "register_compare"),
 )
 
 # Acceptance of issue 3/6 for the baseline: the replay may take at most this much longer

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,7 +24,12 @@ from phalanx.cli.bench_scenario import (
     load_topology_file,
 )
 
-__all__ = ["register_e2e"]
+if TYPE_CHECKING:
+    from phalanx.bench.core_replay import Scenario
+    from phalanx.bench.result import E2EResult
+    from phalanx.bench.tas import TopologySpec
+
+__all__ = ["register_e2e", "run_local"]
 
 REPORT_FIELDS = """\
 report fields (--json keys; the text report shows the same figures):
@@ -142,35 +147,28 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     workdir = args.workdir or _default_workdir()
-    pids: dict[str, int] = {}
-    crds: tuple[dict[str, Any], ...] = ()
     if args.kubeconfig is None:
-        from phalanx.api.crds import generate_crds
-        from phalanx.devcluster import cluster as devcluster
-
-        status = devcluster.up(state_dir=args.state_dir)
-        kubeconfig = status.kubeconfig
-        pids = {
-            c.name: c.pid
-            for c in status.components
-            if c.pid and c.name in ("etcd", "kube-apiserver")
-        }
-        crds = tuple(yaml.safe_load(text) for text in generate_crds().values())
+        result = run_local(
+            scenario,
+            topology=topology,
+            state_dir=args.state_dir,
+            workdir=workdir,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            cleanup=not args.keep,
+        )
     else:
-        kubeconfig = args.kubeconfig
-    options = E2EOptions(
-        kubeconfig=kubeconfig,
-        workdir=workdir,
-        start_operator=args.kubeconfig is None,
-        operator_metrics_url=args.operator_metrics,
-        operator_pid=args.operator_pid,
-        crds=crds,
-        concurrency=args.concurrency,
-        timeout_s=args.timeout,
-        control_plane_pids=pids,
-        cleanup=not args.keep,
-    )
-    result = run_e2e(scenario, options, topology=topology)
+        options = E2EOptions(
+            kubeconfig=args.kubeconfig,
+            workdir=workdir,
+            start_operator=False,
+            operator_metrics_url=args.operator_metrics,
+            operator_pid=args.operator_pid,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            cleanup=not args.keep,
+        )
+        result = run_e2e(scenario, options, topology=topology)
     problems = rangespec.problems(result.as_bench_result()) if rangespec is not None else []
     problems += e2e_problems(result)
     if args.json:
@@ -192,6 +190,39 @@ def _balanced_without_slice_size(scenario: Any) -> str | None:
                     if request is not None and request.slice_level and not request.slice_size:
                         return str(template.class_name)
     return None
+
+
+def run_local(
+    scenario: Scenario,
+    *,
+    topology: TopologySpec | None = None,
+    state_dir: Path | None,
+    workdir: Path,
+    concurrency: int = 48,
+    timeout_s: float | None = None,
+    cleanup: bool = True,
+) -> E2EResult:
+    """Bench e2e on the local control plane (started or reused) with a fresh operator,
+    measuring the API server's and etcd's CPU by their pids."""
+    from phalanx.api.crds import generate_crds
+    from phalanx.bench.e2e import E2EOptions, run_e2e
+    from phalanx.devcluster import cluster as devcluster
+
+    status = devcluster.up(state_dir=state_dir)
+    pids = {
+        c.name: c.pid for c in status.components if c.pid and c.name in ("etcd", "kube-apiserver")
+    }
+    options = E2EOptions(
+        kubeconfig=status.kubeconfig,
+        workdir=workdir,
+        start_operator=True,
+        crds=tuple(yaml.safe_load(text) for text in generate_crds().values()),
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+        control_plane_pids=pids,
+        cleanup=cleanup,
+    )
+    return run_e2e(scenario, options, topology=topology)
 
 
 def _default_workdir() -> Path:

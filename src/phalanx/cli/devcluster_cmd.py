@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.devcluster import addons, build, cluster, gomod, pins
+from phalanx.devcluster import addons, build, cluster, gomod, kueue_perf, pins
 from phalanx.devcluster.topology import TopologyError
 
 
@@ -85,6 +85,8 @@ def _build(args: argparse.Namespace) -> int:
         print(cache.bin_dir)
         for name in names:
             print(addons.ensure_built(addons.ADDONS[name]).binary_dir)
+        if args.kueue_perf:
+            print(kueue_perf.ensure_built().folder)
     except (build.BuildError, addons.AddonError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -159,6 +161,12 @@ def register(subparsers: Any) -> None:
         metavar="ADDON[,ADDON]",
         help=f"also build these controllers ({', '.join(addons.ADDONS)}, or all); each folder"
         " is printed",
+    )
+    built.add_argument(
+        "--kueue-perf",
+        action="store_true",
+        help=f"also build Kueue {kueue_perf.KUEUE_VERSION}'s scheduler-performance runner and"
+        " minimalkueue (for 'phalanx bench compare'); its folder is printed",
     )
     gm = add("gomod", _gomod, "regenerate devcluster/k8s/go.mod's replaces from the k8s pin")
     gm.add_argument("--no-tidy", action="store_true", help="do not run go mod tidy afterwards")

@@ -131,14 +131,29 @@ class AddonCache:
 
 
 def addon_cache(addon: Addon, root: Path | None = None) -> AddonCache:
+    return module_cache(
+        addon.name, addon.version, gomod_dir=addon.gomod_dir, sources=addon.sources, root=root
+    )
+
+
+def module_cache(
+    name: str,
+    version: str,
+    *,
+    gomod_dir: str,
+    sources: tuple[str, ...] = (),
+    root: Path | None = None,
+) -> AddonCache:
+    """The cache folder of what one of our Go modules (``gomod_dir``) builds:
+    ``<name>-<version>-<hash of its go.mod, go.sum and sources>``."""
     root = root or pins.repo_root()
     digest = hashlib.sha256()
-    for rel in ("go.mod", "go.sum", *addon.sources):
-        path = root / addon.gomod_dir / rel
+    for rel in ("go.mod", "go.sum", *sources):
+        path = root / gomod_dir / rel
         if not path.is_file():
-            raise AddonError(f"{addon.gomod_dir}/{rel} is missing from the checkout at {root}")
+            raise AddonError(f"{gomod_dir}/{rel} is missing from the checkout at {root}")
         digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    key = f"{addon.name}-{addon.version}-{digest.hexdigest()[:10]}"
+    key = f"{name}-{version}-{digest.hexdigest()[:10]}"
     return AddonCache(key=key, folder=pins.cache_root() / key)
 
 
@@ -181,23 +196,39 @@ def ensure_built(
 
 
 def _copy_crds(addon: Addon, *, go: Path, module_dir: Path, into: Path) -> None:
+    copy_module_files(
+        go=go,
+        module=addon.module,
+        version=addon.version,
+        module_dir=module_dir,
+        folder=addon.crd_dir,
+        glob=addon.crd_glob,
+        into=into,
+    )
+
+
+def copy_module_files(
+    *, go: Path, module: str, version: str, module_dir: Path, folder: str, glob: str, into: Path
+) -> None:
+    """Copy ``folder/glob`` of ``module@version`` (from the Go module cache, downloaded through
+    the module proxy if needed) into ``into``."""
     proc = subprocess.run(
-        [str(go), "mod", "download", "-json", f"{addon.module}@{addon.version}"],
+        [str(go), "mod", "download", "-json", f"{module}@{version}"],
         cwd=module_dir,
         capture_output=True,
         text=True,
         check=False,
     )
     if proc.returncode != 0:
-        raise AddonError(f"go mod download {addon.module}@{addon.version}: {proc.stderr.strip()}")
-    source = Path(json.loads(proc.stdout)["Dir"]) / addon.crd_dir
-    crds = sorted(source.glob(addon.crd_glob))
-    if not crds:
-        raise AddonError(f"no CRDs in {source}")
+        raise AddonError(f"go mod download {module}@{version}: {proc.stderr.strip()}")
+    source = Path(json.loads(proc.stdout)["Dir"]) / folder
+    files = sorted(source.glob(glob))
+    if not files:
+        raise AddonError(f"no {glob} files in {source}")
     into.mkdir(parents=True, exist_ok=True)
-    for crd in crds:
-        target = into / crd.name
-        shutil.copyfile(crd, target)
+    for file in files:
+        target = into / file.name
+        shutil.copyfile(file, target)
         target.chmod(0o644)  # the module cache is read-only
 
 
