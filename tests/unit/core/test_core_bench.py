@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from kueue_scenarios import kueue_scenarios
 
 from phalanx.bench.core_replay import replay
 from phalanx.cli.bench_scenario import ScenarioError, load_rangespec, load_scenario
 from phalanx.cli.main import main
-
-SHARED = Path("/work/shared/bench/kueue-scheduler")
 
 SMALL = """
 cohorts:
@@ -104,7 +103,7 @@ def test_replay_is_deterministic(small: Path) -> None:
 
 
 def test_kueue_scenarios_load() -> None:
-    scenario = load_scenario(SHARED / "baseline" / "generator.yaml")
+    scenario = load_scenario(kueue_scenarios() / "baseline" / "generator.yaml")
     queue_set = scenario.cohorts[0].queue_sets[0]
     assert scenario.cohorts[0].count == 5 and queue_set.count == 6
     assert queue_set.nominal == 20_000 and queue_set.borrowing_limit == 100_000
@@ -113,9 +112,9 @@ def test_kueue_scenarios_load() -> None:
         "medium",
         "large",
     ]
-    ranges = load_rangespec(SHARED / "baseline" / "rangespec.yaml")
+    ranges = load_rangespec(kueue_scenarios() / "baseline" / "rangespec.yaml")
     assert ranges.max_avg_time_to_admission_ms["large"] == 23_000
-    tas = load_scenario(SHARED / "tas" / "generator.yaml")
+    tas = load_scenario(kueue_scenarios() / "tas" / "generator.yaml")
     assert tas.flavor.topology_name == "default-topology"
     assert tas.cohorts[0].queue_sets[0].workload_sets[0].workloads[0].topology is not None
 

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from kueue_scenarios import kueue_scenarios
 
 from phalanx.bench.core_replay import ClassResult, ideal_ms
 from phalanx.bench.objects import (
@@ -19,7 +20,6 @@ from phalanx.bench.result import E2EResult, e2e_problems, store_cpu, write_count
 from phalanx.bench.tracker import Track, WorkloadTracker, percentile
 from phalanx.cli.bench_scenario import load_scenario
 
-BENCH = Path("/work/shared/bench/kueue-scheduler")
 SMALL = """
 cohorts:
   - className: cohort
@@ -97,7 +97,7 @@ def test_objects_carry_quota_preemption_and_the_cleanup_label(scenario):  # type
 
 
 def test_plan_of_the_baseline_has_15000_workloads_and_the_ideal_of_bench_core() -> None:
-    scenario = load_scenario(BENCH / "baseline" / "generator.yaml")
+    scenario = load_scenario(kueue_scenarios() / "baseline" / "generator.yaml")
     queues, workloads = plan(scenario)
     assert (len(queues), len(workloads)) == (30, 15_000)
     assert max(w.at_ms for w in workloads) == 60_000
