@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from phalanx.devcluster.build import find_go
 from phalanx.devcluster.kueue_perf import KUEUE_VERSION
 
 
@@ -20,7 +21,7 @@ def kueue_scenarios() -> Path:
     ``generator.yaml`` and its ``rangespec.yaml``)."""
     with tempfile.TemporaryDirectory() as outside_any_module:
         proc = subprocess.run(
-            ["go", "mod", "download", "-json", f"sigs.k8s.io/kueue@{KUEUE_VERSION}"],
+            [str(find_go()), "mod", "download", "-json", f"sigs.k8s.io/kueue@{KUEUE_VERSION}"],
             capture_output=True,
             text=True,
             check=False,
