@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -16,6 +15,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Dialect, Engine, Table, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 
+from phalanx.store import events as ev
 from phalanx.store import intervals
 from phalanx.store.events import Event
 from phalanx.store.models import (
@@ -171,46 +171,53 @@ def _insert_missing(connection: Connection, events: Sequence[Event]) -> int:
     # a Core insert was most of the writer's CPU): the events in order, so that their ids grow
     # in that order (ids decide ties in time: the intervals need them). Writers take turns
     # (the lock; SQLite's one writer), so the rows above the largest id before are this
-    # batch's new ones.
+    # batch's new ones: one range read on the primary key gives them with their ids.
     _lock(connection)
     sql = _driver_sql(connection.dialect)
     before = connection.exec_driver_sql("SELECT max(id) FROM workload_events").scalar() or 0
     sql.events.execute(connection, [_row(e) for e in events])
-    # The new rows' ids come with the histories the intervals are paired from: one read.
-    uids = {e.uid for e in events}
-    histories = list(intervals.read_histories(connection, uids))
-    new = {(s.uid, s.transition, s.at_us): s.id for h in histories for s in h if s.id > before}
-    held: dict[int, tuple[tuple[str, str, int], ...]] = {}
+    new: dict[tuple[str, str, int], int] = {}
+    added: dict[str, set[str]] = {}
+    for event_id, uid, transition, at in connection.exec_driver_sql(
+        f"SELECT id, uid, transition, at FROM workload_events WHERE id > {sql.mark}", (before,)
+    ):
+        new[(uid, transition, intervals.stored_micros(at))] = event_id
+        added.setdefault(uid, set()).add(transition)
     resources: list[tuple[object, ...]] = []
     for one in events:
         event_id = new.get((one.uid, one.transition, intervals.micros(one.at)))
-        if event_id is not None and one.usage:
-            held[event_id] = tuple((u.resource, u.flavor, u.amount) for u in one.usage)
+        if event_id is not None:
             resources.extend(
                 (event_id, u.pod_set, u.resource, u.flavor, u.amount) for u in one.usage
             )
     sql.event_resources.execute(connection, resources)
-    if _has_intervals(connection):
-        if held:  # read before what they hold was inserted
-            histories = [
-                [replace(s, held=held[s.id]) if s.id in held else s for s in history]
-                for history in histories
-            ]
-        _update_reservations(connection, histories, before)
+    if added and _has_intervals(connection):
+        _update_reservations(connection, added, before)
     return len(new)
 
 
-def _update_reservations(
-    connection: Connection, histories: Iterable[Sequence[intervals.StoredEvent]], before: int
-) -> None:
-    """Bring the stored intervals of these Workloads up to their histories, whose events
-    with an id above ``before`` are new: what is stored is the pairing of the others (every
-    write leaves it so), so only the reservations whose pairing changed are written."""
+def _update_reservations(connection: Connection, added: dict[str, set[str]], before: int) -> None:
+    """Bring the stored intervals of the Workloads in ``added`` (uid -> the transitions of its
+    new events, those with an id above ``before``) up to their events.
+
+    What is stored is the pairing of the events before (every write leaves it so), so only
+    reservations whose pairing changed are written, and only Workloads whose pairing can have
+    changed are read: those with a new reservation, and those that already had one (any event
+    can move a reservation's bounds: even an admission is a Workload's last event)."""
+    reading = {uid for uid, transitions in added.items() if ev.QUOTA_RESERVED in transitions}
+    others = sorted(uid for uid in added if uid not in reading)
+    mark = _driver_sql(connection.dialect).mark
+    for chunk in _chunks(others, 500):
+        reading.update(
+            connection.exec_driver_sql(
+                "SELECT DISTINCT uid FROM workload_reservations"
+                f" WHERE uid IN ({', '.join([mark] * len(chunk))})",
+                tuple(chunk),
+            ).scalars()
+        )
     stale: list[int] = []
     fresh: list[intervals.Interval] = []
-    for history in histories:
-        if all(s.id <= before for s in history):
-            continue
+    for history in intervals.read_histories(connection, reading):
         then = {one.id: one for one in intervals.pair([s for s in history if s.id <= before])}
         for one in intervals.pair(history):
             old = then.pop(one.id, None)

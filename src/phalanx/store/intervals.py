@@ -48,6 +48,7 @@ __all__ = [
     "micros",
     "pair",
     "read_histories",
+    "stored_micros",
     "table_rows",
 ]
 
@@ -223,6 +224,12 @@ def _grouped(rows: Iterable[Sequence[object]]) -> Iterator[list[StoredEvent]]:
     if last is not None:
         flush_event()
         yield current
+
+
+def stored_micros(value: object) -> int:
+    """A time as the driver returns it from the store (a datetime, or SQLite's text), in
+    microseconds since the epoch."""
+    return micros(_as_datetime(value))
 
 
 def _as_datetime(value: object) -> dt.datetime:
