@@ -130,10 +130,11 @@ def current_revision(engine: Engine) -> str | None:
 def write_events(engine: Engine, events: Sequence[Event]) -> int:
     """Insert the events not yet stored, in one transaction; return how many were new.
 
-    In the same transaction, the reservation intervals of every Workload in the batch are
-    computed again from all of its stored events (:mod:`phalanx.store.intervals`): a replay
-    changes nothing, and events arriving late or out of order leave the same intervals as one
-    write of everything.
+    In the same transaction, the reservation intervals of every Workload that got a new event
+    and has a reservation are paired again from all of its stored events
+    (:mod:`phalanx.store.intervals`) and those that changed are rewritten: a replay changes
+    nothing, and events arriving late or out of order leave the same intervals as one write
+    of everything.
 
     A key already stored is skipped by the insert itself (``ON CONFLICT DO NOTHING``), so a
     concurrent writer (an old leader still flushing) storing the same key first costs nothing
