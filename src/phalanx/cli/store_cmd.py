@@ -37,7 +37,22 @@ def register(subparsers: Any) -> None:
     bench.add_argument(
         "--reuse", action="store_true", help="time the reports on the rows already there"
     )
-    for sub in (upgrade, downgrade, actions.choices["current"], bench):
+    write = actions.add_parser(
+        "bench-write",
+        help="write a baseline-shaped run through the operator's history writer into an empty"
+        " store and print the writer's CPU per Workload",
+    )
+    write.add_argument(
+        "--workloads", type=int, default=15_000, help="Workloads, 1 to 15,000 (15,000)"
+    )
+    write.add_argument(
+        "--profile",
+        metavar="FILE",
+        default=None,
+        help="save cProfile's statistics (CPU time; the writes then run on the event loop's"
+        " thread) to FILE and print the top functions",
+    )
+    for sub in (upgrade, downgrade, actions.choices["current"], bench, write):
         add_store_argument(sub)
     parser.set_defaults(func=run)
 
@@ -53,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        if args.action == "bench-write":
+            return _bench_write(url, workloads=args.workloads, profile=args.profile)
         engine = db.open_engine(url)
         if args.action == "upgrade":
             db.upgrade(engine, args.revision)
@@ -85,4 +102,25 @@ def _bench(engine: Any, *, rows: int, reuse: bool) -> int:
     result["report_usage_since_30d_seconds"] = store_rows.measure(engine, cpu=cpu)
     result["report_usage_cpu_seconds"] = cpu
     print(json.dumps(result))
+    return 0
+
+
+def _bench_write(url: str, *, workloads: int, profile: str | None) -> int:
+    import json
+    from pathlib import Path
+
+    from phalanx.bench import store_write
+
+    if not 1 <= workloads <= store_write.MAX_WORKLOADS:
+        print(
+            f"error: --workloads {workloads}: give 1 to {store_write.MAX_WORKLOADS:,}"
+            " (the baseline scenario's size)",
+            file=sys.stderr,
+        )
+        return 2
+    saved = Path(profile) if profile else None
+    result = store_write.run(url, workloads=workloads, profile=saved)
+    print(json.dumps(result.to_json()))
+    if saved is not None:
+        print(store_write.top_of_profile(saved), file=sys.stderr)
     return 0

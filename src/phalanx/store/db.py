@@ -12,23 +12,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Table,
-    create_engine,
-    delete,
-    event,
-    insert,
-    inspect,
-    select,
-    text,
-    tuple_,
-)
+from sqlalchemy import Connection, Dialect, Engine, Table, create_engine, event, inspect
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
+from phalanx.store import events as ev
 from phalanx.store import intervals
 from phalanx.store.events import Event
 from phalanx.store.models import (
@@ -144,154 +131,294 @@ def write_events(engine: Engine, events: Sequence[Event]) -> int:
     """Insert the events not yet stored, in one transaction; return how many were new.
 
     In the same transaction, the reservation intervals of every Workload that got a new event
-    are computed again from all of its stored events (:mod:`phalanx.store.intervals`): a
-    replay changes nothing, and events arriving late or out of order leave the same intervals
-    as one write of everything.
+    and has a reservation are paired again from all of its stored events
+    (:mod:`phalanx.store.intervals`) and those that changed are rewritten: a replay changes
+    nothing, and events arriving late or out of order leave the same intervals as one write
+    of everything.
 
-    Existing keys are read first; a concurrent writer (an old leader still flushing) that
-    inserts the same key in between makes the batch fail on the unique key, and it is then
-    written one event at a time, each skipping what is there.
+    A key already stored is skipped by the insert itself (``ON CONFLICT DO NOTHING``), so a
+    concurrent writer (an old leader still flushing) storing the same key first costs nothing
+    but that row; on PostgreSQL writers take turns on a transaction-scoped advisory lock, so
+    the one that writes last pairs the events of both.
     """
     unique = list({e.key: e for e in events}.values())
     if not unique:
         return 0
-    try:
-        with Session(engine) as session, session.begin():
-            return _insert_missing(session, unique)
-    except IntegrityError:
-        written = 0
-        for one in unique:
-            try:
-                with Session(engine) as session, session.begin():
-                    written += _insert_missing(session, [one])
-            except IntegrityError:
-                continue  # stored by the other writer meanwhile: that is the row we want
-        return written
+    with engine.begin() as connection:
+        return _insert_missing(connection, unique)
 
 
 _EVENTS = cast(Table, WorkloadEvent.__table__)
 _EVENT_RESOURCES = cast(Table, EventResource.__table__)
+_EVENT_COLUMNS = (
+    "uid",
+    "transition",
+    "at",
+    "namespace",
+    "name",
+    "local_queue",
+    "cluster_queue",
+    "priority",
+    "reason",
+    "message",
+    "flavors",
+    "topology",
+)
+_RESERVATION_LOCK = 0x70686C78  # "phlx": one writer at a time (PostgreSQL)
 
 
-def _insert_missing(session: Session, events: Sequence[Event]) -> int:
-    present: set[tuple[str, str, object]] = set()
-    for chunk in _chunks(events, 300):
-        keys = [(e.uid, e.transition, e.at) for e in chunk]
-        rows = session.execute(
-            select(WorkloadEvent.uid, WorkloadEvent.transition, WorkloadEvent.at).where(
-                tuple_(WorkloadEvent.uid, WorkloadEvent.transition, WorkloadEvent.at).in_(keys)
+def _insert_missing(connection: Connection, events: Sequence[Event]) -> int:
+    # Driver-level executemany of plain tuples (SQLAlchemy's per-row parameter processing of
+    # a Core insert was most of the writer's CPU): the events in order, so that their ids grow
+    # in that order (ids decide ties in time: the intervals need them). Writers take turns
+    # (the lock; SQLite's one writer), so the rows above the largest id before are this
+    # batch's new ones: one range read on the primary key gives them with their ids.
+    _lock(connection)
+    sql = _driver_sql(connection.dialect)
+    before = connection.exec_driver_sql("SELECT max(id) FROM workload_events").scalar() or 0
+    sql.events.execute(connection, [_row(e) for e in events])
+    new: dict[tuple[str, str, int], int] = {}
+    added: dict[str, set[str]] = {}
+    for event_id, uid, transition, at in connection.exec_driver_sql(
+        f"SELECT id, uid, transition, at FROM workload_events WHERE id > {sql.mark}", (before,)
+    ):
+        new[(uid, transition, intervals.stored_micros(at))] = event_id
+        added.setdefault(uid, set()).add(transition)
+    resources: list[tuple[object, ...]] = []
+    for one in events:
+        event_id = new.get((one.uid, one.transition, intervals.micros(one.at)))
+        if event_id is not None:
+            resources.extend(
+                (event_id, u.pod_set, u.resource, u.flavor, u.amount) for u in one.usage
             )
-        )
-        present.update((uid, transition, at) for uid, transition, at in rows)
-    new = [e for e in events if e.key not in present]
-    if not new:
-        return 0
-    # Bulk inserts (the ORM's unit of work cost most of the writer's CPU): the events in
-    # order, in one statement per batch of rows, so their ids grow in that order (ids decide
-    # ties in time: the intervals need them), then what each reservation holds.
-    # (RETURNING in parameter order makes SQLite insert one row per statement: the ids are
-    # read back by key instead, one query per 300.)
-    connection = session.connection()  # Core executemany: the ORM's bulk path went row by row
-    connection.execute(insert(_EVENTS), [_values(e) for e in new])
-    ids: dict[tuple[str, str, object], int] = {}
-    for chunk in _chunks([e for e in new if e.usage], 300):
-        keys = [(e.uid, e.transition, e.at) for e in chunk]
-        stored = session.execute(
-            select(
-                WorkloadEvent.id, WorkloadEvent.uid, WorkloadEvent.transition, WorkloadEvent.at
-            ).where(tuple_(WorkloadEvent.uid, WorkloadEvent.transition, WorkloadEvent.at).in_(keys))
-        )
-        ids.update(((uid, transition, at), event_id) for event_id, uid, transition, at in stored)
-    held = [
-        {
-            "event_id": ids[event.key],
-            "pod_set": u.pod_set,
-            "resource": u.resource,
-            "flavor": u.flavor,
-            "amount": u.amount,
-        }
-        for event in new
-        for u in event.usage
-    ]
-    if held:
-        connection.execute(insert(_EVENT_RESOURCES), held)
-    if _has_intervals(session):
-        rebuild_reservations(session.connection(), {e.uid for e in new})
+    sql.event_resources.execute(connection, resources)
+    if added and _has_intervals(connection):
+        _update_reservations(connection, added, before)
     return len(new)
+
+
+def _update_reservations(connection: Connection, added: dict[str, set[str]], before: int) -> None:
+    """Bring the stored intervals of the Workloads in ``added`` (uid -> the transitions of its
+    new events, those with an id above ``before``) up to their events.
+
+    What is stored is the pairing of the events before (every write leaves it so), so only
+    reservations whose pairing changed are written, and only Workloads whose pairing can have
+    changed are read: those with a new reservation, and those that already had one (any event
+    can move a reservation's bounds: even an admission is a Workload's last event)."""
+    reading = {uid for uid, transitions in added.items() if ev.QUOTA_RESERVED in transitions}
+    others = sorted(uid for uid in added if uid not in reading)
+    mark = _driver_sql(connection.dialect).mark
+    for chunk in _chunks(others, 500):
+        reading.update(
+            connection.exec_driver_sql(
+                "SELECT DISTINCT uid FROM workload_reservations"
+                f" WHERE uid IN ({', '.join([mark] * len(chunk))})",
+                tuple(chunk),
+            ).scalars()
+        )
+    stale: list[int] = []
+    fresh: list[intervals.Interval] = []
+    for history in intervals.read_histories(connection, reading):
+        then = {one.id: one for one in intervals.pair([s for s in history if s.id <= before])}
+        for one in intervals.pair(history):
+            old = then.pop(one.id, None)
+            if old != one:
+                fresh.append(one)
+                if old is not None:
+                    stale.append(one.id)
+        stale.extend(then)  # paired no more (none today: each quota_reserved opens one)
+    _delete_reservations(connection, stale)
+    _insert_reservations(connection, fresh)
 
 
 _WITH_INTERVALS: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
-def _has_intervals(session: Session) -> bool:
+def _has_intervals(connection: Connection) -> bool:
     """Whether the store is at revision 0003 or later (a store at an older revision takes
     events without intervals; upgrading fills them from the events)."""
-    engine = session.get_bind()
-    assert isinstance(engine, Engine)
+    engine = connection.engine
     if engine in _WITH_INTERVALS:
         return True
-    if inspect(session.connection()).has_table(Reservation.__tablename__):
+    if inspect(connection).has_table(Reservation.__tablename__):
         _WITH_INTERVALS.add(engine)
         return True
     return False
 
 
-_RESERVATION_LOCK = 0x70686C78  # "phlx": one writer at a time rebuilds intervals (PostgreSQL)
+def _lock(connection: Connection) -> None:
+    """On PostgreSQL, a transaction-scoped advisory lock: two writers adding events of one
+    Workload concurrently each read the other's only once it has committed, and the one that
+    pairs last sees both (SQLite lets one writer in at a time anyway)."""
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_RESERVATION_LOCK})")
 
 
 def rebuild_reservations(connection: Connection, uids: Collection[str] | None = None) -> int:
     """Replace the reservation intervals of ``uids`` (else of every Workload) with those their
-    stored events give, in the caller's transaction; return how many there are now.
+    stored events give, in the caller's transaction; return how many there are now."""
+    _lock(connection)
+    return _replace_reservations(connection, uids, intervals.read_histories(connection, uids))
 
-    On PostgreSQL a transaction-scoped advisory lock is taken first: two writers adding
-    events of one Workload concurrently each read the other's only once it has committed,
-    and the one that rebuilds last sees both (SQLite lets one writer in at a time anyway)."""
-    if connection.dialect.name == "postgresql":
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _RESERVATION_LOCK})
+
+def _replace_reservations(
+    connection: Connection,
+    uids: Collection[str] | None,
+    histories: Iterable[Sequence[intervals.StoredEvent]],
+) -> int:
     found: list[intervals.Interval] = []
-    for history in intervals.read_histories(connection, uids):
+    for history in histories:
         found.extend(intervals.pair(history))
-    targets = None if uids is None else sorted(uids)
-    for chunk in [None] if targets is None else _chunks(targets, 500):
-        owned = select(Reservation.id)
-        if chunk is not None:
-            owned = owned.where(Reservation.uid.in_(chunk))
-        connection.execute(
-            delete(ReservationResource).where(ReservationResource.reservation_id.in_(owned))
-        )
-        connection.execute(
-            delete(ReservationPreemption).where(ReservationPreemption.reservation_id.in_(owned))
-        )
-        removed = delete(Reservation)
-        if chunk is not None:
-            removed = removed.where(Reservation.uid.in_(chunk))
-        connection.execute(removed)
+    if uids is None:
+        for table in (ReservationResource, ReservationPreemption, Reservation):
+            connection.exec_driver_sql(f"DELETE FROM {table.__tablename__}")
+    else:
+        mark = _driver_sql(connection.dialect).mark
+        owned: list[int] = []
+        for chunk in _chunks(sorted(uids), 500):
+            marks = ", ".join([mark] * len(chunk))
+            owned.extend(
+                connection.exec_driver_sql(
+                    f"SELECT id FROM workload_reservations WHERE uid IN ({marks})", tuple(chunk)
+                ).scalars()
+            )
+        _delete_reservations(connection, owned)
+    _insert_reservations(connection, found)
+    return len(found)
+
+
+def _delete_reservations(connection: Connection, ids: Sequence[int]) -> None:
+    mark = _driver_sql(connection.dialect).mark
+    for chunk in _chunks(ids, 500):
+        marks = ", ".join([mark] * len(chunk))
+        for table, column in (
+            ("workload_reservation_resources", "reservation_id"),
+            ("workload_reservation_preemptions", "reservation_id"),
+            ("workload_reservations", "id"),
+        ):
+            connection.exec_driver_sql(
+                f"DELETE FROM {table} WHERE {column} IN ({marks})", tuple(chunk)
+            )
+
+
+def _insert_reservations(connection: Connection, found: Iterable[intervals.Interval]) -> None:
+    sql = _driver_sql(connection.dialect)
     rows, held, preempted = intervals.table_rows(found)
-    for table, values in (
-        (Reservation, rows),
-        (ReservationResource, held),
-        (ReservationPreemption, preempted),
+    for insert_, values in (
+        (sql.reservations, rows),
+        (sql.reservation_resources, held),
+        (sql.reservation_preemptions, preempted),
     ):
-        for start in range(0, len(values), 5_000):
-            connection.execute(insert(table), values[start : start + 5_000])
-    return len(rows)
+        insert_.execute(connection, [tuple(v[c] for c in insert_.columns) for v in values])
 
 
-def _values(event: Event) -> dict[str, object]:
-    return {
-        "uid": event.uid,
-        "transition": event.transition,
-        "at": event.at,
-        "namespace": event.namespace,
-        "name": event.name,
-        "local_queue": event.local_queue,
-        "cluster_queue": event.cluster_queue,
-        "priority": event.priority,
-        "reason": event.reason,
-        "message": event.message,
-        "flavors": {k: dict(v) for k, v in event.flavors.items()} if event.flavors else None,
-        "topology": [dict(t) for t in event.topology] if event.topology else None,
-    }
+class _Insert:
+    """An executemany INSERT of plain tuples straight to the driver: its SQL in the dialect's
+    parameter style, and the bind processors of the columns that have one (SQLite's datetimes
+    as SQLAlchemy stores them, JSON), applied per row exactly as SQLAlchemy would."""
+
+    def __init__(
+        self, dialect: Dialect, table: Table, columns: Sequence[str], skip: Sequence[str] = ()
+    ) -> None:
+        quote = dialect.identifier_preparer.quote
+        mark = _mark(dialect)
+        self.columns = tuple(columns)
+        self.sql = (
+            f"INSERT INTO {quote(table.name)} ({', '.join(quote(c) for c in columns)})"
+            f" VALUES ({', '.join([mark] * len(columns))})"
+        )
+        if skip:
+            self.sql += f" ON CONFLICT ({', '.join(quote(c) for c in skip)}) DO NOTHING"
+        self.processors = [
+            (index, processor)
+            for index, column in enumerate(columns)
+            if (processor := table.c[column].type.dialect_impl(dialect).bind_processor(dialect))
+            is not None
+        ]
+
+    def execute(self, connection: Connection, rows: list[tuple[object, ...]]) -> None:
+        """Insert ``rows`` (values in the columns' order)."""
+        if not rows:
+            return
+        if self.processors:
+            rows = [self._processed(row) for row in rows]
+        connection.exec_driver_sql(self.sql, rows)
+
+    def _processed(self, row: tuple[object, ...]) -> tuple[object, ...]:
+        values = list(row)
+        for index, processor in self.processors:
+            value = values[index]
+            if value is not None:
+                values[index] = processor(value)
+        return tuple(values)
+
+
+class _DriverSql:
+    """The writer's statements for one dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.mark = _mark(dialect)
+        self.events = _Insert(dialect, _EVENTS, _EVENT_COLUMNS, ("uid", "transition", "at"))
+        self.event_resources = _Insert(
+            dialect,
+            _EVENT_RESOURCES,
+            ("event_id", "pod_set", "resource", "flavor", "amount"),
+        )
+        columns = intervals.TABLE_COLUMNS
+        self.reservations = _Insert(
+            dialect, cast(Table, Reservation.__table__), columns["workload_reservations"]
+        )
+        self.reservation_resources = _Insert(
+            dialect,
+            cast(Table, ReservationResource.__table__),
+            columns["workload_reservation_resources"],
+        )
+        self.reservation_preemptions = _Insert(
+            dialect,
+            cast(Table, ReservationPreemption.__table__),
+            columns["workload_reservation_preemptions"],
+        )
+
+
+_DRIVER_SQL: dict[tuple[str, str, str], _DriverSql] = {}
+
+
+def _driver_sql(dialect: Dialect) -> _DriverSql:
+    key = (dialect.name, str(dialect.driver), str(dialect.paramstyle))
+    found = _DRIVER_SQL.get(key)
+    if found is None:
+        found = _DRIVER_SQL[key] = _DriverSql(dialect)
+    return found
+
+
+def _mark(dialect: Dialect) -> str:
+    """One positional parameter in the driver's own style."""
+    if dialect.paramstyle == "qmark":
+        return "?"
+    if dialect.paramstyle in ("format", "pyformat"):
+        return "%s"
+    raise StoreError(
+        f"store driver {dialect.driver!r}: parameter style {dialect.paramstyle!r} is not"
+        " supported; use sqlite:///PATH or postgresql+psycopg://..."
+    )
+
+
+def _row(event: Event) -> tuple[object, ...]:
+    """The event's values in the order of ``_EVENT_COLUMNS``."""
+    return (
+        event.uid,
+        event.transition,
+        event.at,
+        event.namespace,
+        event.name,
+        event.local_queue,
+        event.cluster_queue,
+        event.priority,
+        event.reason,
+        event.message,
+        {k: dict(v) for k, v in event.flavors.items()} if event.flavors else None,
+        [dict(t) for t in event.topology] if event.topology else None,
+    )
 
 
 def _chunks(items: Sequence[_T], size: int) -> Iterable[Sequence[_T]]:

@@ -10,6 +10,7 @@ same key (uid, transition, at), and the store keeps one row.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,8 +95,10 @@ class Event:
         return (self.uid, self.transition, self.at)
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_time(text: str) -> dt.datetime:
-    """An RFC 3339 time from the API as naive UTC (what every backend stores alike)."""
+    """An RFC 3339 time from the API as naive UTC (what every backend stores alike). Cached:
+    each version of a Workload repeats the times of the versions before it."""
     parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     if parsed.tzinfo is not None:
         parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)

@@ -33,19 +33,22 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import Connection, CursorResult
 
 from phalanx.store import events as ev
 
 __all__ = [
     "EPOCH",
     "OPEN",
+    "TABLE_COLUMNS",
     "Interval",
     "StoredEvent",
     "micros",
     "pair",
     "read_histories",
+    "stored_micros",
     "table_rows",
 ]
 
@@ -163,15 +166,26 @@ def read_histories(
     the event tables as revision 0001 made them (the interval migration uses it too)."""
     if uids is None:
         yield from _grouped(
-            connection.execute(text(_HISTORY.format(qr=ev.QUOTA_RESERVED, where="")))
+            _fetched(connection.exec_driver_sql(_HISTORY.format(qr=ev.QUOTA_RESERVED, where="")))
         )
         return
-    statement = text(
-        _HISTORY.format(qr=ev.QUOTA_RESERVED, where="WHERE e.uid IN :uids")
-    ).bindparams(bindparam("uids", expanding=True))
+    # Straight to the driver (compiling an expanding IN per chunk cost more than the query).
+    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
     ordered = sorted(uids)
     for start in range(0, len(ordered), chunk):
-        yield from _grouped(connection.execute(statement, {"uids": ordered[start : start + chunk]}))
+        part = tuple(ordered[start : start + chunk])
+        where = f"WHERE e.uid IN ({', '.join([mark] * len(part))})"
+        yield from _grouped(
+            _fetched(
+                connection.exec_driver_sql(_HISTORY.format(qr=ev.QUOTA_RESERVED, where=where), part)
+            )
+        )
+
+
+def _fetched(result: CursorResult[Any]) -> Iterator[Sequence[object]]:
+    """The rows, fetched many at a time (one at a time cost a call into the driver each)."""
+    while rows := result.fetchmany(2_000):
+        yield from rows
 
 
 def _grouped(rows: Iterable[Sequence[object]]) -> Iterator[list[StoredEvent]]:
@@ -212,6 +226,12 @@ def _grouped(rows: Iterable[Sequence[object]]) -> Iterator[list[StoredEvent]]:
         yield current
 
 
+def stored_micros(value: object) -> int:
+    """A time as the driver returns it from the store (a datetime, or SQLite's text), in
+    microseconds since the epoch."""
+    return micros(_as_datetime(value))
+
+
 def _as_datetime(value: object) -> dt.datetime:
     """A stored time as a naive UTC datetime (SQLite through text() returns the string)."""
     if isinstance(value, dt.datetime):
@@ -221,6 +241,26 @@ def _as_datetime(value: object) -> dt.datetime:
             else value.astimezone(dt.UTC).replace(tzinfo=None)
         )
     return dt.datetime.fromisoformat(str(value))
+
+
+TABLE_COLUMNS = {
+    "workload_reservations": (
+        "id",
+        "uid",
+        "namespace",
+        "local_queue",
+        "cluster_queue",
+        "start_us",
+        "end_us",
+        "closed_us",
+        "wait_us",
+        "preempted",
+        "stray_until_us",
+    ),
+    "workload_reservation_resources": ("reservation_id", "resource", "flavor", "amount"),
+    "workload_reservation_preemptions": ("reservation_id", "at_us"),
+}
+"""The columns of the rows :func:`table_rows` gives, per table, in the rows' order."""
 
 
 def table_rows(

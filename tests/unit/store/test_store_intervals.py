@@ -250,6 +250,30 @@ def test_a_reservation_after_the_workload_finished_counts_until_its_last_event(
     assert report.usage(engine, since=_at(25), until=_at(60), by="namespace") == []
 
 
+def test_any_event_alone_in_a_batch_moves_the_bounds_it_sets(engine: db.Engine) -> None:
+    """The writer re-pairs a Workload only when it got a reservation or already had one, and
+    rewrites only the reservations whose pairing changed: an admission alone in its batch is
+    still the Workload's last event (how far a stray reservation reaches), a late creation
+    still starts the first wait."""
+    uid = "s"
+    db.write_events(
+        engine,
+        [
+            _event(uid, ev.QUOTA_RESERVED, 0, usage=_GPU),
+            _event(uid, ev.FINISHED, 10),
+            _event(uid, ev.QUOTA_RESERVED, 20, usage=_GPU),
+        ],
+    )
+    db.write_events(engine, [_event(uid, ev.ADMITTED, 30)])
+    assert _reservations(engine, uid)[-1] == (_us(20), None, intervals.OPEN, _d(10), False, _us(30))
+    db.write_events(engine, [_event(uid, ev.CREATED, -5)])
+    assert _reservations(engine, uid)[0] == (_us(0), _us(10), _us(10), _d(5), False, None)
+    pending = "p"  # no reservation: nothing to pair
+    db.write_events(engine, [_event(pending, ev.CREATED, 0), _event(pending, ev.QUOTA_RELEASED, 1)])
+    assert _reservations(engine, pending) == []
+    assert _snapshot(engine) == _rebuilt(engine)
+
+
 def test_concurrent_writers_of_one_workload_leave_the_intervals_of_both(
     postgres_url: str,
 ) -> None:
