@@ -25,7 +25,7 @@ __all__ = [
 
 # Phalanx's acceptance on top of Kueue's rangespec (issue 6/6).
 WALL_OVER_IDEAL = 2.0
-WRITES_PER_ADMISSION = 3.0
+WRITES_PER_ADMISSION = 2.0
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def register_e2e(bench: Any) -> None:
             " runtimeMs after it is Admitted (as Kueue's runner does), and report wall time,"
             " time to admission per class, usage, API writes per admission and operator CPU."
             " With a rangespec.yaml beside the config, checks Kueue's thresholds (against real"
-            " wall time) and Phalanx's own (wall <= 2 x ideal, <= 3 writes per admission)."
+            " wall time) and Phalanx's own (wall <= 2 x ideal, <= 2 writes per admission)."
             " A TAS scenario (topology: in the config) also gets its nodes, created as KWOK"
             " nodes with the generator's labels and capacity and deleted at the end."
         ),
