@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import time
 from collections.abc import Mapping
@@ -60,8 +61,9 @@ from phalanx.operator.kube import (
     ApiError,
     KubeApi,
 )
+from phalanx.store.db import STORE_ENV
 
-__all__ = ["E2EOptions", "E2EResult", "e2e_problems", "run_e2e"]
+__all__ = ["E2EOptions", "E2EResult", "e2e_problems", "operator_store", "run_e2e"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,13 @@ class E2EOptions:
     at least 10 minutes)."""
     control_plane_pids: Mapping[str, int] = field(default_factory=dict)
     cleanup: bool = True
+
+
+def operator_store(workdir: Path, environ: Mapping[str, str]) -> str:
+    """The history store of the operator a run starts. The run's Workloads are not the
+    user's: a fresh SQLite file in the run's folder, not the default store (whose history
+    would also slow the writer), unless ``$PHALANX_STORE`` names one (or ``off``)."""
+    return environ.get(STORE_ENV) or f"sqlite:///{workdir / 'store.db'}"
 
 
 def run_e2e(
@@ -191,10 +200,12 @@ class _Run:
     # -- 1. preparation -------------------------------------------------------------------------
 
     def _start_operator(self) -> OperatorProcess:
+        store = operator_store(self.options.workdir, os.environ)
         op = start_operator(
             kubeconfig=self.options.kubeconfig,
             workdir=self.options.workdir,
             extra=self.options.operator_args,
+            env={STORE_ENV: store},
         )
         op.wait_ready(timeout=120)
         time.sleep(1.0)  # let kopf finish writing the webhook configurations

@@ -258,3 +258,14 @@ def test_store_cpu_is_the_delta_of_its_counter_and_none_without_a_store() -> Non
     assert store_cpu(METRICS_BEFORE, METRICS_AFTER) is None  # an operator without a store
     assert store_cpu(None, after) is None
     assert _result(store_cpu_s=0.25).to_json()["store_cpu_share"] == 0.25
+
+
+def test_the_runs_operator_keeps_its_history_in_the_runs_folder_unless_told(
+    tmp_path: Path,
+) -> None:
+    from phalanx.bench.e2e import operator_store
+
+    assert operator_store(tmp_path, {}) == f"sqlite:///{tmp_path / 'store.db'}"
+    assert operator_store(tmp_path, {"PHALANX_STORE": "off"}) == "off"
+    pg = "postgresql://u@127.0.0.1:5432/h"
+    assert operator_store(tmp_path, {"PHALANX_STORE": pg}) == pg
