@@ -24,6 +24,7 @@ import io
 import pstats
 import random
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,19 +81,27 @@ def run(
     seed: int = 1,
     flush_interval: float = 3.0,
     profile: Path | None = None,
+    onto_existing: bool = False,
 ) -> StoreWriteResult:
     """Write ``workloads`` synthetic Workloads' histories into the empty store at ``url``;
-    with ``profile``, save cProfile's statistics of the whole run there."""
+    with ``profile``, save cProfile's statistics of the whole run there. ``onto_existing``
+    writes into a store that already holds history (what its size costs the writer), under
+    UIDs of their own (``bench-<8 hex>-<n>``), so they never meet a stored Workload."""
     engine = db.open_engine(url)
     db.upgrade(engine)
     with engine.connect() as connection:
-        if connection.exec_driver_sql("SELECT 1 FROM workload_events LIMIT 1").first():
+        if (
+            not onto_existing
+            and connection.exec_driver_sql("SELECT 1 FROM workload_events LIMIT 1").first()
+        ):
             engine.dispose()
             raise db.StoreError(
                 f"store {url!r} already holds events: the bench counts what it writes, give"
-                " it an empty store (a new SQLite file, say)"
+                " it an empty store (a new SQLite file, say), or --onto-existing to measure"
+                " what the stored history costs the writer"
             )
-    versions = sorted(_versions(workloads, random.Random(seed)), key=lambda v: v[0])
+    tag = f"bench-{uuid.uuid4().hex[:8]}" if onto_existing else "uid"
+    versions = sorted(_versions(workloads, random.Random(seed), tag), key=lambda v: v[0])
     profiler = cProfile.Profile(time.process_time) if profile is not None else None
 
     async def main() -> tuple[HistoryRecorder, int]:
@@ -154,7 +163,9 @@ def top_of_profile(path: Path, lines: int = 30) -> str:
     return out.getvalue()
 
 
-def _versions(count: int, rng: random.Random) -> Iterator[tuple[float, dict[str, Any]]]:
+def _versions(
+    count: int, rng: random.Random, tag: str = "uid"
+) -> Iterator[tuple[float, dict[str, Any]]]:
     """(simulated second, Workload version) of ``count`` Workloads, spread over the
     ClusterQueues and classes as the baseline scenario creates them."""
     plan = [
@@ -165,7 +176,7 @@ def _versions(count: int, rng: random.Random) -> Iterator[tuple[float, dict[str,
     ]
     plan.sort(key=lambda one: (one[2], one[0]))  # the first ``count`` created
     for n, (cq, size, created, runtime, cpus) in enumerate(plan[:count]):
-        uid = f"uid-{n:06d}"
+        uid = f"{tag}-{n:06d}"
         name = f"{size}-{n}"
         queue = f"lq-{cq}"
         base = {

@@ -46,6 +46,12 @@ def register(subparsers: Any) -> None:
         "--workloads", type=int, default=15_000, help="Workloads, 1 to 15,000 (15,000)"
     )
     write.add_argument(
+        "--onto-existing",
+        action="store_true",
+        help="write into a store that already holds history (on a copy of yours: the bench's"
+        " Workloads stay in it), to measure what its size costs the writer",
+    )
+    write.add_argument(
         "--profile",
         metavar="FILE",
         default=None,
@@ -69,7 +75,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.action == "bench-write":
-            return _bench_write(url, workloads=args.workloads, profile=args.profile)
+            return _bench_write(
+                url,
+                workloads=args.workloads,
+                profile=args.profile,
+                onto_existing=args.onto_existing,
+            )
         engine = db.open_engine(url)
         if args.action == "upgrade":
             db.upgrade(engine, args.revision)
@@ -105,7 +116,7 @@ def _bench(engine: Any, *, rows: int, reuse: bool) -> int:
     return 0
 
 
-def _bench_write(url: str, *, workloads: int, profile: str | None) -> int:
+def _bench_write(url: str, *, workloads: int, profile: str | None, onto_existing: bool) -> int:
     import json
     from pathlib import Path
 
@@ -119,7 +130,7 @@ def _bench_write(url: str, *, workloads: int, profile: str | None) -> int:
         )
         return 2
     saved = Path(profile) if profile else None
-    result = store_write.run(url, workloads=workloads, profile=saved)
+    result = store_write.run(url, workloads=workloads, profile=saved, onto_existing=onto_existing)
     print(json.dumps(result.to_json()))
     if saved is not None:
         print(store_write.top_of_profile(saved), file=sys.stderr)

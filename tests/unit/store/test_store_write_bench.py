@@ -40,3 +40,19 @@ def test_the_write_bench_refuses_a_store_that_holds_events(store_url: str) -> No
     store_write.run(store_url, workloads=5)
     with pytest.raises(db.StoreError, match="already holds events"):
         store_write.run(store_url, workloads=5)
+
+
+def test_onto_existing_writes_a_second_run_beside_the_first_under_its_own_uids(
+    store_url: str,
+) -> None:
+    first = store_write.run(store_url, workloads=50)
+    second = store_write.run(store_url, workloads=50, onto_existing=True)
+    assert second.events == first.events, "the second run's events were all new"
+    engine = db.open_engine(store_url)
+    try:
+        with engine.connect() as connection:
+            uids = connection.execute(select(func.count(func.distinct(WorkloadEvent.uid)))).scalar()
+            stored = connection.execute(select(func.count()).select_from(WorkloadEvent)).scalar()
+        assert uids == 100 and stored == first.events + second.events
+    finally:
+        engine.dispose()
