@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_tas import write_tiny_tas
 
 from phalanx.devcluster.handle import ClusterHandle
 
@@ -73,3 +74,40 @@ def test_both_sides_admit_every_workload_and_the_ratios_follow_their_figures(
         assert ratios[label] == pytest.approx(expected, rel=0.1)
     assert (kueue["client_qps"], kueue["client_burst"]) == (50.0, 100)
     assert "limited to 50 QPS (burst 100)" in result["note"]
+
+
+def test_a_tas_scenario_runs_on_both_sides_with_kueues_tas_controllers(
+    cluster: ClusterHandle, tmp_path: Path
+) -> None:
+    """The tiny TAS scenario: Kueue's side starts minimalkueue with its TAS controllers (as
+    its run-tas-performance-scheduler target), ours creates the scenario's KWOK nodes and
+    Topology; both admit every Workload."""
+    config = write_tiny_tas(tmp_path / "scenario")
+    run = subprocess.run(
+        [
+            str(PHALANX),
+            "bench",
+            "compare",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(cluster.state_dir),
+            "--workdir",
+            str(tmp_path / "run"),
+            "--timeout",
+            "300",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    result = json.loads(run.stdout)
+    for side in (result["kueue"], result["phalanx"]):
+        assert side["admitted"] == side["workloads"] == side["finished"] > 0, side
+    kueue_log = (tmp_path / "run" / "kueue" / "minimalkueue.err.log").read_text()
+    assert "Start minimalkueue with TAS support" in kueue_log
+    ours = json.loads((tmp_path / "run" / "phalanx-e2e.json").read_text())
+    assert ours["tas"]["nodes"] == 8 and ours["invariant_problems"] == []
