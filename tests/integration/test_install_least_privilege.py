@@ -867,6 +867,9 @@ def _reset_jobs(cluster: ClusterHandle) -> None:
     cluster.kubectl("delete", "jobs", "--all", "-n", NS, "--wait=true", "--timeout=60s")
     cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force")
     cluster.kubectl("delete", "workloads.kueue.x-k8s.io", "--all", "-n", NS, "--wait=true")
+    # A request of the last step's Workload, not deleted yet, would be taken for the next
+    # step's and vanish under it.
+    cluster.kubectl("delete", PROVREQ, "--all", "-n", NS, "--wait=true", "--timeout=60s")
 
 
 def _reset_queues(cluster: ClusterHandle) -> None:

@@ -88,6 +88,8 @@ class OperatorConfig:
     """ClusterQueue/LocalQueue status is written at most this often per queue."""
     pending_message_min_interval: float = 5.0
     """A pending Workload's explanation is rewritten at most this often (and only on change)."""
+    pending_numbers_min_interval: float = 30.0
+    """...and at most this often when only its numbers changed ("3 more needed" -> "2 more")."""
     routine_events_qps: float = 5.0
     routine_events_burst: int = 100
     """Events that record what the object's status already shows (``QuotaReserved``,

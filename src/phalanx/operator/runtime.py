@@ -343,6 +343,7 @@ class PhalanxOperator:
             self.state,
             self.metrics,
             pending_min_interval=self.config.pending_message_min_interval,
+            pending_numbers_interval=self.config.pending_numbers_min_interval,
             routine_events=TokenBucket(
                 rate=self.config.routine_events_qps, burst=self.config.routine_events_burst
             ),

@@ -2,7 +2,8 @@
 
 Decisions (admit, evict, finish) go first and are never dropped; pending explanations are
 background work: coalesced per Workload (only the latest matters), written only when the
-message changed, and at most once per ``pending_min_interval`` per Workload. A burst of
+message changed, and at most once per ``pending_min_interval`` per Workload (once per
+``pending_numbers_interval`` when only the message's numbers changed). A burst of
 15,000 pending Workloads therefore costs a bounded trickle of writes, not a storm.
 
 Every successful write's response is fed back into :class:`ClusterState`, so the next
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -74,6 +76,7 @@ class StatusWriter:
         *,
         concurrency: int = 16,
         pending_min_interval: float = 5.0,
+        pending_numbers_interval: float = 30.0,
         routine_events: TokenBucket | None = None,
     ) -> None:
         self.api = api
@@ -81,11 +84,12 @@ class StatusWriter:
         self.state = state
         self.metrics = metrics
         self.pending_min_interval = pending_min_interval
+        self.pending_numbers_interval = max(pending_numbers_interval, pending_min_interval)
         self._urgent: asyncio.Semaphore = asyncio.Semaphore(concurrency)
         self._background: OrderedDict[str, str] = OrderedDict()  # key -> message to write
         self._background_ready = asyncio.Event()
         self._last_pending: dict[str, tuple[str, float]] = {}
-        self._deferred: dict[str, str] = {}
+        self._deferred: dict[str, tuple[str, float]] = {}  # key -> (message, when due)
         self._due: list[tuple[float, str]] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._workers = max(2, concurrency // 2)
@@ -253,19 +257,29 @@ class StatusWriter:
 
     def explain(self, key: str, *, message: str, inadmissible: bool) -> None:
         """Queue a pending explanation; written later if it differs from what the Workload
-        shows, and not sooner than ``pending_min_interval`` after the previous one."""
+        shows, and not sooner than ``pending_min_interval`` after the previous one, or
+        ``pending_numbers_interval`` when only its numbers changed."""
         encoded = ("I" if inadmissible else "P") + cond.truncate(message)
         last = self._last_pending.get(key)
         if last is not None and last[0] == encoded:
             self._background.pop(key, None)
             self._deferred.pop(key, None)
             return
-        due = last[1] + self.pending_min_interval if last is not None else 0.0
+        if last is None:
+            due = 0.0
+        elif _shape(last[0]) == _shape(encoded):
+            # Only its figures moved ("3 more needed" -> "2 more needed"): the live numbers
+            # are in the visibility API and `kubectl phalanx explain`; the status catches up
+            # at the slower pace.
+            due = last[1] + self.pending_numbers_interval
+        else:
+            due = last[1] + self.pending_min_interval
         if due > time.monotonic():
             # Too soon after the previous write: park it until it is due (latest wins).
-            if key not in self._deferred:
-                heapq.heappush(self._due, (due, key))
-            self._deferred[key] = encoded
+            parked = self._deferred.get(key)
+            if parked is None or parked[1] != due:
+                heapq.heappush(self._due, (due, key))  # an entry due at another time is dropped
+            self._deferred[key] = (encoded, due)
             self._background.pop(key, None)
         else:
             self._deferred.pop(key, None)
@@ -284,13 +298,14 @@ class StatusWriter:
         now = time.monotonic()
         while self._due:
             due, key = self._due[0]
-            if key not in self._deferred:
-                heapq.heappop(self._due)  # forgotten or superseded
+            parked = self._deferred.get(key)
+            if parked is None or parked[1] != due:
+                heapq.heappop(self._due)  # forgotten, superseded or moved
                 continue
             if due > now:
                 return due - now
             heapq.heappop(self._due)
-            self._background[key] = self._deferred.pop(key)
+            self._background[key] = self._deferred.pop(key)[0]
         return None
 
     async def _pending_worker(self) -> None:
@@ -468,3 +483,14 @@ async def gather_logged(*coros: Awaitable[Any]) -> None:
     for result in await asyncio.gather(*coros, return_exceptions=True):
         if isinstance(result, Exception):
             logger.error("event=write_task_failed error=%r", result)
+
+
+# A quantity standing alone ("4", "412.0", "32Gi", "500m"), not the digits of a name
+# ("team-2", "a100", "job-17").
+_NUMBER = re.compile(r"(?<![\w.-])\d+(?:\.\d+)?(?:[KMGTPE]i?|m)?(?![\w-])")
+
+
+def _shape(encoded: str) -> str:
+    """An encoded explanation with its numbers blanked: two explanations of one shape say the
+    same thing with other figures."""
+    return encoded[:1] + _NUMBER.sub("#", encoded[1:])

@@ -65,3 +65,86 @@ def test_forgotten_workloads_are_not_written() -> None:
         await asyncio.sleep(0.1)
 
     assert _run(0.3, script) == []
+
+
+def _run_paced(minimum: float, numbers: float, script: Any) -> list[tuple[float, str]]:
+    """Like ``_run`` with both intervals; each write with its time from the start."""
+    written: list[tuple[float, str]] = []
+
+    async def main() -> None:
+        writer = StatusWriter(
+            None,  # type: ignore[arg-type]
+            ClusterState(),
+            Metrics(),
+            concurrency=4,
+            pending_min_interval=minimum,
+            pending_numbers_interval=numbers,
+        )
+        start = asyncio.get_running_loop().time()
+
+        async def fake_apply(key: str, build: Any, *, verb: str) -> WriteOutcome:
+            status = build({"metadata": {"name": key}, "status": {}})
+            now = asyncio.get_running_loop().time() - start
+            written.append((now, status["conditions"][0]["message"]))
+            return WriteOutcome(ok=True)
+
+        writer.apply_status = fake_apply  # type: ignore[method-assign]
+        writer.start()
+        await script(writer)
+        await writer.stop()
+
+    asyncio.run(main())
+    return written
+
+
+NEEDED = "insufficient unused quota for nvidia.com/gpu in flavor a100, {} more needed"
+
+
+def test_a_change_of_numbers_only_waits_for_the_slower_interval() -> None:
+    # Catches a writer that rewrites every change at the fast pace (no coalescing).
+    async def script(writer: StatusWriter) -> None:
+        writer.explain("ns/a", message=NEEDED.format(4), inadmissible=False)
+        await asyncio.sleep(0.05)
+        writer.explain("ns/a", message=NEEDED.format(3), inadmissible=False)
+        await asyncio.sleep(0.3)  # past the fast interval, not the slow one
+        writer.explain("ns/a", message=NEEDED.format(2), inadmissible=False)
+        await asyncio.sleep(0.6)
+
+    written = _run_paced(0.1, 0.6, script)
+    assert [message for _, message in written] == [NEEDED.format(4), NEEDED.format(2)]
+    assert written[1][0] >= 0.6, "the latest figures, once the slow interval is over"
+
+
+def test_a_new_kind_of_message_after_a_numbers_change_is_not_held_back() -> None:
+    # Catches a parked numbers-only change keeping a real change waiting for its slow slot.
+    async def script(writer: StatusWriter) -> None:
+        writer.explain("ns/a", message=NEEDED.format(4), inadmissible=False)
+        await asyncio.sleep(0.02)
+        writer.explain("ns/a", message=NEEDED.format(3), inadmissible=False)
+        writer.explain("ns/a", message="topology: no rack has 4 free nodes", inadmissible=True)
+        await asyncio.sleep(0.4)
+
+    written = _run_paced(0.1, 2.0, script)
+    assert [message for _, message in written] == [
+        NEEDED.format(4),
+        "topology: no rack has 4 free nodes",
+    ]
+    assert written[1][0] < 0.3
+
+
+def test_digits_in_names_and_the_inadmissible_flag_are_part_of_the_message() -> None:
+    # Catches a shape that blanks every digit: team-1 -> team-2 is a different message.
+    async def script(writer: StatusWriter) -> None:
+        writer.explain("ns/a", message="waiting behind ClusterQueue team-1", inadmissible=False)
+        await asyncio.sleep(0.02)
+        writer.explain("ns/a", message="waiting behind ClusterQueue team-2", inadmissible=False)
+        await asyncio.sleep(0.25)
+        writer.explain("ns/a", message="waiting behind ClusterQueue team-2", inadmissible=True)
+        await asyncio.sleep(0.25)
+
+    written = _run_paced(0.1, 5.0, script)
+    assert [message for _, message in written] == [
+        "waiting behind ClusterQueue team-1",
+        "waiting behind ClusterQueue team-2",
+        "waiting behind ClusterQueue team-2",
+    ]
