@@ -339,3 +339,44 @@ def test_a_preempted_jobset_is_suspended_restored_readmitted_and_completes(
         log=log,
     )
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
+
+
+def test_a_queued_jobset_of_a_disabled_integration_is_left_alone_with_an_event(
+    cluster: ClusterHandle,
+    kueue_crds: Path,
+    jobset_controller: Path,
+    tmp_path: Path,
+    namespace: str,
+) -> None:
+    """The default frameworks (batch/job only, as in Kueue), and an operator that may list
+    JobSets: the labelled JobSet runs as if Phalanx were not there, and is told why.
+    Catches an operator that watches only enabled kinds (no Event) or that queues them."""
+    op = start_operator(cluster, tmp_path, name="jobsets-disabled")
+    try:
+        apply(cluster, a_jobset("free", workers=1, gpus=0), namespace=namespace)
+        event = wait_for(
+            "the IntegrationNotEnabled event on the JobSet",
+            lambda: next(
+                (
+                    e
+                    for e in get_list(cluster, "events", namespace)
+                    if e.get("reason") == "IntegrationNotEnabled"
+                    and e["involvedObject"].get("kind") == "JobSet"
+                ),
+                None,
+            ),
+            log=op.log_tail,
+        )
+        assert event["involvedObject"]["name"] == "free"
+        assert event["type"] == "Normal"
+        assert f"the integration {rules.FRAMEWORK!r} is not enabled" in event["message"]
+        js = get(cluster, JOBSETS, "free", namespace)
+        assert not js["spec"].get("suspend"), "a JobSet of a disabled integration was suspended"
+        wait_for(
+            "the JobSet's pods created by its own controller, never held by Phalanx",
+            lambda: jobset_pods(cluster, namespace, "free"),
+            log=op.log_tail,
+        )
+        assert workload_of_jobset(cluster, namespace, "free") is None, "a Workload was made"
+    finally:
+        op.stop()

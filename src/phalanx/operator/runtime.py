@@ -30,6 +30,7 @@ from typing import Any
 from phalanx.operator import kubeconfig, lws
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import OperatorConfig
+from phalanx.operator.configfile import FRAMEWORKS
 from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.informer import Informer
@@ -41,6 +42,7 @@ from phalanx.operator.kube import (
     JOBS,
     NODES,
     PODS,
+    TRANSIENT_ERRORS,
     WORKLOADS,
     ApiError,
     KubeApi,
@@ -59,6 +61,7 @@ from phalanx.operator.ratelimit import TokenBucket
 from phalanx.operator.serving import Endpoints, metrics_cert_folder
 from phalanx.operator.state import ClusterState
 from phalanx.operator.ungate import GateRemover
+from phalanx.operator.unsupported import LEADER_WORKER_SET, UNSUPPORTED, UnsupportedKinds
 from phalanx.operator.validation import validate_object
 from phalanx.operator.visibility import GROUP as VISIBILITY_GROUP
 from phalanx.operator.visibility import VERSION as VISIBILITY_VERSION
@@ -108,6 +111,9 @@ TEST_HOOKS_ENV = "PHALANX_TEST_HOOKS"
 
 SERVING_LABEL_CLEANUP_SECONDS = 5.0
 """How long a stopping replica tries to take the visibility label off its Pod."""
+
+
+_REVIEW_ERRORS: tuple[type[BaseException], ...] = (ApiError, *TRANSIENT_ERRORS)
 
 
 class OptionalInformer(Informer):
@@ -397,6 +403,7 @@ class PhalanxOperator:
             else []
         )
         self.ungate = GateRemover(write_api, self.state, self.metrics)
+        self.unsupported = UnsupportedKinds(self.writer, supported=FRAMEWORKS)
         self.provisioning = ProvisioningController(write_api, self.state, self.writer)
         self.loop = SchedulingLoop(
             api=write_api,
@@ -455,6 +462,7 @@ class PhalanxOperator:
                 self.loop,
                 self.provisioning,
                 self.history,
+                self.unsupported,
             )
             if c
         ]
@@ -466,10 +474,18 @@ class PhalanxOperator:
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
         for spec in OWNED_KINDS:
             if spec.rules.framework not in self.config.frameworks:
-                # Watched only with their integration enabled, as Kueue sets up only the
-                # enabled integrations' controllers: the manifests grant a kind's rules with
-                # it (manifests/components/<kind>), and without them every list would be
-                # refused. So a queued object of a disabled kind is not seen (no Event).
+                # Kueue sets up only the enabled integrations' controllers. The manifests
+                # grant a kind's rules with its component (manifests/components/<kind>), so
+                # the queued objects of a disabled kind are watched, to be told they are
+                # left alone (an IntegrationNotEnabled Event), only where this operator may
+                # list them: asked first, so that no list is ever refused.
+                if self.config.manage_jobs and await self._may_watch(spec.resource):
+                    self._start_informer(
+                        spec.resource,
+                        spec.state_kind,
+                        label_selector="kueue.x-k8s.io/queue-name",
+                        optional=True,
+                    )
                 continue
             self._start_informer(
                 spec.resource,
@@ -482,6 +498,19 @@ class PhalanxOperator:
                     spec.child.resource,
                     spec.child.state_kind,
                     label_selector=spec.child.owner_label,
+                )
+        left_alone = [k for k in UNSUPPORTED if self.config.manage_jobs]
+        if self.config.manage_jobs and lws.FRAMEWORK not in self.config.frameworks:
+            left_alone.append(LEADER_WORKER_SET)
+        for unsupported in left_alone:
+            served = await self._served(unsupported.group, unsupported.plural)
+            if served is not None and await self._may_watch(served):
+                self._start_informer(
+                    served,
+                    unsupported.kind,
+                    label_selector="kueue.x-k8s.io/queue-name",
+                    optional=True,
+                    handler=self.unsupported.handler(unsupported),
                 )
         if lws.FRAMEWORK in self.config.frameworks:
             # Not suspended like the kinds above: admitted per group through its pods.
@@ -581,6 +610,66 @@ class PhalanxOperator:
         logger.error("event=leadership_lost action=exit")
         os.kill(os.getpid(), signal.SIGTERM)
 
+    async def _served(self, group: str, plural: str) -> Resource | None:
+        """``plural`` of ``group`` in the version the API server prefers among those that
+        serve it (discovery), or None when no version does (its CRD is not installed)."""
+        assert self.api is not None
+        try:
+            versions = await self.api.request("GET", f"/apis/{group}")
+            preferred = (versions.get("preferredVersion") or {}).get("version")
+            names = [v.get("version") for v in versions.get("versions") or ()]
+            for version in sorted(names, key=lambda v: v != preferred):
+                listing = await self.api.request("GET", f"/apis/{group}/{version}")
+                for entry in listing.get("resources") or ():
+                    if entry.get("name") == plural:
+                        return Resource(group, str(version), plural)
+        except _REVIEW_ERRORS as error:
+            if not (isinstance(error, ApiError) and error.status == 404):
+                logger.warning("event=discovery_failed group=%s error=%r", group, error)
+        return None
+
+    async def _may_watch(self, resource: Resource) -> bool:
+        """Whether this operator may list and watch ``resource`` everywhere it looks
+        (SelfSubjectAccessReviews, which every authenticated user may create). An answer
+        that cannot be had counts as no: the kind is then not watched."""
+        assert self.api is not None
+        namespaces: tuple[str | None, ...] = (
+            self.config.namespaces if resource.namespaced and self.config.namespaces else (None,)
+        )
+        for namespace in namespaces:
+            for verb in ("list", "watch"):
+                attributes = {"group": resource.group, "resource": resource.plural, "verb": verb}
+                if namespace is not None:
+                    attributes["namespace"] = namespace
+                try:
+                    review = await self.api.request(
+                        "POST",
+                        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                        body={
+                            "apiVersion": "authorization.k8s.io/v1",
+                            "kind": "SelfSubjectAccessReview",
+                            "spec": {"resourceAttributes": attributes},
+                        },
+                    )
+                except _REVIEW_ERRORS as error:
+                    logger.warning(
+                        "event=access_review_failed resource=%s verb=%s error=%r",
+                        resource.plural,
+                        verb,
+                        error,
+                    )
+                    return False
+                if not (review.get("status") or {}).get("allowed"):
+                    logger.info(
+                        "event=disabled_kind_not_watched resource=%s.%s verb=%s"
+                        " reason=not_permitted",
+                        resource.plural,
+                        resource.group,
+                        verb,
+                    )
+                    return False
+        return True
+
     def _start_informer(
         self,
         resource: Resource,
@@ -589,7 +678,9 @@ class PhalanxOperator:
         label_selector: str | None = None,
         field_selector: str | None = None,
         optional: bool = False,
+        handler: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
+        """Watch ``resource`` into the state as ``kind`` (or into ``handler``)."""
         assert self.api is not None
         namespaces: tuple[str | None, ...] = (
             self.config.namespaces if resource.namespaced and self.config.namespaces else (None,)
@@ -599,7 +690,7 @@ class PhalanxOperator:
             informer = factory(
                 self.api,
                 resource,
-                self.state.handler(kind),
+                handler or self.state.handler(kind),
                 namespace=namespace,
                 label_selector=label_selector,
                 field_selector=field_selector,
