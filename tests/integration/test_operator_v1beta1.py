@@ -51,6 +51,21 @@ def _webhook_port(op: OperatorProcess) -> str:
     return next(a.split("=", 1)[1] for a in op.process.args if str(a).startswith("--webhook-port="))  # type: ignore[union-attr]
 
 
+def _wait_converting(cluster: ClusterHandle, op: OperatorProcess) -> None:
+    """Until every converted CRD names ``op``'s /convert: a replica killed earlier (the
+    install tests' SIGKILLs) may have left them naming its Service, which ``op`` replaces
+    only on its first round, after it starts."""
+    port = _webhook_port(op)
+    wait_for(
+        "the converted CRDs to name the operator's /convert",
+        lambda: all(
+            _client_config(cluster, p).get("url") == f"https://127.0.0.1:{port}/convert"
+            for p in CONVERTED
+        ),
+        log=op.log_tail,
+    )
+
+
 def _v1_objects(name: str) -> list[dict[str, Any]]:
     return [
         {
@@ -159,6 +174,7 @@ def test_objects_written_in_v1beta1_are_stored_as_v1beta2_and_read_back_identica
     namespace: str,
     cleanup: list[str],
 ) -> None:
+    _wait_converting(cluster, phalanx_operator)
     name = f"phx-v1b-{int(time.time()) % 100000}"
     objects = _v1_objects(name)
     cleanup += [
@@ -238,6 +254,7 @@ def test_queue_usage_reads_through_v1beta1_as_kueue_clients_read_it(
     namespace: str,
     cleanup: list[str],
 ) -> None:
+    _wait_converting(cluster, phalanx_operator)
     name = f"phx-v1u-{int(time.time()) % 100000}"
     objects = _v1_objects(name)
     cleanup += [
