@@ -90,6 +90,21 @@ def test_revision_0005_drops_the_second_uid_index_and_keeps_rows(store_url: str)
     engine.dispose()
 
 
+def test_a_sqlite_connection_caches_32_mib_and_checkpoints_every_10000_pages(
+    tmp_path: Path,
+) -> None:
+    """Catches SQLite's defaults (2 MiB of cache, a checkpoint every 1,000 pages), with which
+    the writer read most index pages from the file again in every batch of a large store."""
+    engine = db.open_engine(f"sqlite:///{tmp_path}/store.db")
+    with engine.connect() as first, engine.connect() as second:  # every connection
+        for connection in (first, second):
+            assert connection.exec_driver_sql("PRAGMA cache_size").scalar() == -32768
+            assert connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 10000
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    engine.dispose()
+
+
 def test_a_url_of_another_backend_says_what_to_use() -> None:
     with pytest.raises(db.StoreError, match="sqlite:///PATH or postgresql"):
         db.open_engine("mysql://x@y/z")
