@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from phalanx.operator.history import HistoryRecorder
 from phalanx.operator.state import ClusterState
-from phalanx.store import db
+from phalanx.store import db, intervals
 
 __all__ = ["MAX_WORKLOADS", "StoreWriteResult", "run", "top_of_profile"]
 
@@ -86,7 +86,10 @@ def run(
     """Write ``workloads`` synthetic Workloads' histories into the empty store at ``url``;
     with ``profile``, save cProfile's statistics of the whole run there. ``onto_existing``
     writes into a store that already holds history (what its size costs the writer), under
-    UIDs of their own (``bench-<8 hex>-<n>``), so they never meet a stored Workload."""
+    UIDs of their own (``bench-<8 hex>-<n>``), so they never meet a stored Workload, and
+    from the hour after the latest stored time, as a live operator's transitions come after
+    everything its store holds (a run at the stored times would insert into the middle of
+    every time-ordered index, which no live store does)."""
     engine = db.open_engine(url)
     db.upgrade(engine)
     with engine.connect() as connection:
@@ -100,8 +103,16 @@ def run(
                 " it an empty store (a new SQLite file, say), or --onto-existing to measure"
                 " what the stored history costs the writer"
             )
+        start = _START
+        if onto_existing:
+            latest = connection.exec_driver_sql("SELECT max(at) FROM workload_events").scalar()
+            if latest is not None:  # a live store only ever gets times after what it holds
+                stored = intervals.EPOCH + dt.timedelta(
+                    microseconds=intervals.stored_micros(latest)
+                )
+                start = max(start, _next_hour(stored))
     tag = f"bench-{uuid.uuid4().hex[:8]}" if onto_existing else "uid"
-    versions = sorted(_versions(workloads, random.Random(seed), tag), key=lambda v: v[0])
+    versions = sorted(_versions(workloads, random.Random(seed), tag, start), key=lambda v: v[0])
     profiler = cProfile.Profile(time.process_time) if profile is not None else None
 
     async def main() -> tuple[HistoryRecorder, int]:
@@ -164,7 +175,7 @@ def top_of_profile(path: Path, lines: int = 30) -> str:
 
 
 def _versions(
-    count: int, rng: random.Random, tag: str = "uid"
+    count: int, rng: random.Random, tag: str = "uid", start: dt.datetime = _START
 ) -> Iterator[tuple[float, dict[str, Any]]]:
     """(simulated second, Workload version) of ``count`` Workloads, spread over the
     ClusterQueues and classes as the baseline scenario creates them."""
@@ -186,7 +197,7 @@ def _versions(
                 "name": name,
                 "namespace": f"ns-{cq % 5}",
                 "uid": uid,
-                "creationTimestamp": _stamp(created),
+                "creationTimestamp": _stamp(start, created),
                 "labels": {"kueue.x-k8s.io/job-uid": uid},
             },
             "spec": {
@@ -215,7 +226,7 @@ def _versions(
         conditions: list[dict[str, Any]] = []
         if rng.random() < 0.4:
             at += rng.uniform(0.01, 1)
-            conditions = [_condition("QuotaReserved", "False", at, "Pending")]
+            conditions = [_condition("QuotaReserved", "False", _stamp(start, at), "Pending")]
             yield at, _version(base, conditions)
         rounds = 2 if rng.random() < 0.1 else 1
         for round_ in range(rounds):
@@ -233,8 +244,8 @@ def _versions(
             }
             conditions = [
                 *(c for c in conditions if c["type"] not in ("QuotaReserved", "Admitted")),
-                _condition("QuotaReserved", "True", at, "QuotaReserved"),
-                _condition("Admitted", "True", at, "Admitted"),
+                _condition("QuotaReserved", "True", _stamp(start, at), "QuotaReserved"),
+                _condition("Admitted", "True", _stamp(start, at), "Admitted"),
             ]
             yield at, _version(base, conditions, admission)
             if rng.random() < 0.5:  # a status write that changes no transition
@@ -243,19 +254,30 @@ def _versions(
                 at += rng.uniform(0.05, runtime)
                 conditions = [
                     *conditions,
-                    _condition("Evicted", "True", at, "Preempted", "preempted by a higher one"),
-                    _condition("Preempted", "True", at, "InClusterQueue"),
+                    _condition(
+                        "Evicted",
+                        "True",
+                        _stamp(start, at),
+                        "Preempted",
+                        "preempted by a higher one",
+                    ),
+                    _condition("Preempted", "True", _stamp(start, at), "InClusterQueue"),
                 ]
                 yield at, _version(base, conditions, admission)
                 at += rng.uniform(0.05, 1)
                 conditions = [
-                    _condition("QuotaReserved", "False", at, "Pending"),
-                    _condition("Admitted", "False", at, "NoReservation"),
+                    _condition("QuotaReserved", "False", _stamp(start, at), "Pending"),
+                    _condition("Admitted", "False", _stamp(start, at), "NoReservation"),
                     *(c for c in conditions if c["type"] in ("Evicted", "Preempted")),
                 ]
                 yield at, _version(base, conditions)
         at += runtime + rng.uniform(0, 2)
-        yield at, _version(base, [*conditions, _condition("Finished", "True", at, "Succeeded")])
+        yield (
+            at,
+            _version(
+                base, [*conditions, _condition("Finished", "True", _stamp(start, at), "Succeeded")]
+            ),
+        )
 
 
 def _version(
@@ -273,15 +295,19 @@ def _version(
     return {**base, "metadata": dict(base["metadata"]), "status": status}
 
 
-def _condition(kind: str, status: str, at: float, reason: str, message: str = "") -> dict[str, Any]:
+def _condition(kind: str, status: str, at: str, reason: str, message: str = "") -> dict[str, Any]:
     return {
         "type": kind,
         "status": status,
-        "lastTransitionTime": _stamp(at),
+        "lastTransitionTime": at,
         "reason": reason,
         "message": message or reason,
     }
 
 
-def _stamp(seconds: float) -> str:
-    return (_START + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _stamp(start: dt.datetime, seconds: float) -> str:
+    return (start + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _next_hour(at: dt.datetime) -> dt.datetime:
+    return at.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1)

@@ -50,8 +50,8 @@ class WorkloadEvent(Base):
 
     __tablename__ = "workload_events"
     __table_args__ = (
+        # Also the index of every read by uid (revision 0005 dropped a second one on uid).
         UniqueConstraint("uid", "transition", "at", name="uq_workload_events_key"),
-        Index("ix_workload_events_uid", "uid"),
         Index("ix_workload_events_at", "at", "transition"),
     )
 

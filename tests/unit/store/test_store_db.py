@@ -11,7 +11,7 @@ from sqlalchemy import func, insert, inspect, select
 from sqlalchemy.orm import Session
 from store_builders import condition, workload
 
-from phalanx.store import db, report
+from phalanx.store import db, intervals, report
 from phalanx.store import events as ev
 from phalanx.store.models import EventResource, WorkloadEvent
 
@@ -64,6 +64,44 @@ def test_upgrade_from_the_previous_revision_keeps_rows(store_url: str) -> None:
         i["name"] for i in inspect(engine).get_indexes("workload_events")
     }
     assert _count(engine) == 1
+    engine.dispose()
+
+
+def test_revision_0005_drops_the_second_uid_index_and_keeps_rows(store_url: str) -> None:
+    """Up: the unique key is the one index on uid, and reads by uid still find the events;
+    down: the index is back. Catches a writer still maintaining two indexes on uid."""
+    engine = db.open_engine(store_url)
+    db.upgrade(engine, "0004")
+    db.write_events(engine, ev.events_of(workload()))
+
+    def indexes() -> set[str]:
+        return {i["name"] for i in inspect(engine).get_indexes("workload_events") if i["name"]}
+
+    assert "ix_workload_events_uid" in indexes()
+    db.upgrade(engine, "0005")
+    assert "ix_workload_events_uid" not in indexes()
+    with engine.connect() as connection:
+        histories = list(intervals.read_histories(connection, ["uid-1"]))
+    assert [[e.transition for e in h] for h in histories] == [["created"]]
+    db.write_events(engine, ev.events_of(workload(uid="uid-2", name="job-2")))
+    db.downgrade(engine, "0004")
+    assert "ix_workload_events_uid" in indexes()
+    assert _count(engine) == 2
+    engine.dispose()
+
+
+def test_a_sqlite_connection_caches_32_mib_and_checkpoints_every_10000_pages(
+    tmp_path: Path,
+) -> None:
+    """Catches SQLite's defaults (2 MiB of cache, a checkpoint every 1,000 pages), with which
+    the writer read most index pages from the file again in every batch of a large store."""
+    engine = db.open_engine(f"sqlite:///{tmp_path}/store.db")
+    with engine.connect() as first, engine.connect() as second:  # every connection
+        for connection in (first, second):
+            assert connection.exec_driver_sql("PRAGMA cache_size").scalar() == -32768
+            assert connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 10000
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     engine.dispose()
 
 

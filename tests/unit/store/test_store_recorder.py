@@ -7,17 +7,20 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from store_builders import condition, workload
 
-from phalanx.operator.history import UNAVAILABLE_AFTER_SECONDS, HistoryRecorder
+from phalanx.operator.history import UNAVAILABLE_AFTER_SECONDS, HistoryRecorder, _open_workloads
 from phalanx.operator.state import ClusterState
 from phalanx.store import db, report
+from phalanx.store.events import deleted_event, events_of
 from phalanx.store.models import QuotaAmount, QuotaVersion, WorkloadEvent
 
 
@@ -307,3 +310,71 @@ def test_a_cluster_queue_recreated_while_no_leader_ran_keeps_its_quota(store_url
     use = report.quota_use(engine, since=later, until=later + dt.timedelta(hours=1))
     engine.dispose()
     assert use["a"]["nvidia.com/gpu"].quota == pytest.approx(4 * 3600)
+
+
+def test_a_resync_finds_every_workload_neither_finished_nor_deleted(store_url: str) -> None:
+    """The Workloads a resync ends as ``deleted`` when the API no longer has them: every one
+    the store holds without a ``finished`` or ``deleted`` event, reserved or not, with its
+    namespace and name."""
+    done = workload(
+        uid="done",
+        name="done",
+        cluster_queue="cq",
+        conditions=[
+            condition("QuotaReserved", "2026-01-01T00:01:00Z"),
+            condition("Finished", "2026-01-01T00:02:00Z", reason="Succeeded"),
+        ],
+    )
+    released = workload(
+        uid="released",
+        name="released",
+        conditions=[condition("QuotaReserved", "2026-01-01T00:01:00Z", status="False")],
+    )
+    engine = db.open_engine(store_url)
+    db.upgrade(engine)
+    db.write_events(
+        engine,
+        [
+            *events_of(workload(uid="pending", name="pending", namespace="team-b")),
+            *events_of(_reserved("reserved", 1)),
+            *events_of(done),
+            *events_of(_reserved("released", 1)),
+            *events_of(released),
+            *events_of(_reserved("gone", 1)),
+            deleted_event(_reserved("gone", 1), at=dt.datetime(2026, 1, 1, 1)),
+        ],
+    )
+    found = sorted((row["uid"], row["namespace"], row["name"]) for row in _open_workloads(engine))
+    engine.dispose()
+    assert found == [
+        ("pending", "team-b", "pending"),
+        ("released", "team-a", "released"),
+        ("reserved", "team-a", "reserved"),
+    ]
+
+
+def test_a_resync_reads_the_event_rows_of_open_workloads_only(tmp_path: Path) -> None:
+    """SQLite's plan for the resync's open Workloads: every event is read from a covering
+    index, only the open Workloads' rows from the table. Catches grouping the event rows
+    themselves (``SCAN workload_events USING INDEX ix_workload_events_uid``: a table read per
+    stored event at every leader's start, 0.8 s of CPU on 368,000 events)."""
+    engine = db.open_engine(f"sqlite:///{tmp_path}/store.db")
+    db.upgrade(engine)
+    statements: list[tuple[str, Any]] = []
+
+    @sqlalchemy.event.listens_for(engine, "before_cursor_execute")
+    def _seen(_c: Any, _cur: Any, statement: str, parameters: Any, *_rest: Any) -> None:
+        statements.append((statement, parameters))
+
+    _open_workloads(engine)
+    sqlalchemy.event.remove(engine, "before_cursor_execute", _seen)
+    plans: list[str] = []
+    with engine.connect() as connection:
+        for statement, parameters in statements:
+            plans.extend(
+                str(row[3])
+                for row in connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)
+            )
+    engine.dispose()
+    scans = [p for p in plans if p.startswith("SCAN workload_events")]
+    assert scans and all("COVERING INDEX" in p for p in scans), plans

@@ -53,6 +53,15 @@ def test_onto_existing_writes_a_second_run_beside_the_first_under_its_own_uids(
         with engine.connect() as connection:
             uids = connection.execute(select(func.count(func.distinct(WorkloadEvent.uid)))).scalar()
             stored = connection.execute(select(func.count()).select_from(WorkloadEvent)).scalar()
+            first_ends, second_starts = connection.execute(
+                select(
+                    func.max(WorkloadEvent.at).filter(WorkloadEvent.uid.like("uid-%")),
+                    func.min(WorkloadEvent.at).filter(WorkloadEvent.uid.like("bench-%")),
+                )
+            ).one()
         assert uids == 100 and stored == first.events + second.events
+        # After everything stored, as a live operator's transitions come (catches a second run
+        # at the first one's times, inserting into the middle of every time-ordered index).
+        assert second_starts > first_ends
     finally:
         engine.dispose()
