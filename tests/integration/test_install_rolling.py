@@ -118,6 +118,8 @@ EVERY_REPLICA = {
     ("apiextensions.k8s.io", "customresourcedefinitions"),
     ("authentication.k8s.io", "tokenreviews"),
     ("authorization.k8s.io", "subjectaccessreviews"),
+    # At start, whether it may watch the kinds it only tells about (stores nothing).
+    ("authorization.k8s.io", "selfsubjectaccessreviews"),
 }
 LEASES = ("coordination.k8s.io", "leases")
 
