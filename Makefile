@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORE := src/phalanx/quotas src/phalanx/placement src/phalanx/admission src/phalanx/api
-STRICT := $(CORE) src/phalanx/bench src/phalanx/store src/phalanx/dashboard
+STRICT := $(CORE) src/phalanx/bench src/phalanx/store src/phalanx/dashboard src/phalanx/operator
 STAMP := $(VENV)/.installed
 BUILD_LOG ?= $(or $(TMPDIR),/tmp)/phalanx-build.log
 

@@ -29,15 +29,13 @@ from phalanx.admission.scheduler import Scheduler
 from phalanx.operator import admission_checks as ac
 from phalanx.operator import conditions as cond
 from phalanx.operator.decision_status import Eviction
-from phalanx.operator.kube import TRANSIENT_ERRORS, WORKLOADS, ApiError, KubeApi
+from phalanx.operator.kube import API_ERRORS, WORKLOADS, KubeApi
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter, owned_conditions
 
 __all__ = ["AdmissionCheckSync"]
 
 logger = logging.getLogger(__name__)
-
-_WRITE_ERRORS: tuple[type[BaseException], ...] = (ApiError, *TRANSIENT_ERRORS)
 
 
 class AdmissionCheckSync:
@@ -194,7 +192,7 @@ class AdmissionCheckSync:
                 message=f"Deactivated due to {message}",
                 warning=True,
             )
-        except _WRITE_ERRORS as error:
+        except API_ERRORS as error:
             logger.warning("event=deactivate_failed workload=%s error=%r", key, error)
         finally:
             self._busy.discard(key)

@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - exercised only without orjson
 
 
 __all__ = [
+    "API_ERRORS",
     "CLUSTER_QUEUES",
     "EVENTS",
     "JOBS",
@@ -128,6 +129,10 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     MalformedResponse,
 )
 """Failures of the transport or of the answer, as opposed to an answer saying no."""
+
+API_ERRORS: tuple[type[BaseException], ...] = (ApiError, *TRANSIENT_ERRORS)
+"""Everything a request may raise that is about the API, not a bug: an answer saying no,
+or a failure of the transport or of the answer."""
 
 
 def outcome_unknown(error: BaseException) -> bool:

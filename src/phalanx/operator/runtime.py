@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from phalanx.operator import kubeconfig, lws
+from phalanx.operator.access import AccessProbe
 from phalanx.operator.certs import ensure_webhook_certs
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.configfile import FRAMEWORKS
@@ -42,7 +43,6 @@ from phalanx.operator.kube import (
     JOBS,
     NODES,
     PODS,
-    TRANSIENT_ERRORS,
     WORKLOADS,
     ApiError,
     KubeApi,
@@ -111,9 +111,6 @@ TEST_HOOKS_ENV = "PHALANX_TEST_HOOKS"
 
 SERVING_LABEL_CLEANUP_SECONDS = 5.0
 """How long a stopping replica tries to take the visibility label off its Pod."""
-
-
-_REVIEW_ERRORS: tuple[type[BaseException], ...] = (ApiError, *TRANSIENT_ERRORS)
 
 
 class OptionalInformer(Informer):
@@ -472,6 +469,7 @@ class PhalanxOperator:
             self._start_informer(resource, kind, optional=True)
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
+        probe = AccessProbe(self.api.request, namespaces=self.config.namespaces)
         for spec in OWNED_KINDS:
             if spec.rules.framework not in self.config.frameworks:
                 # Kueue sets up only the enabled integrations' controllers. The manifests
@@ -479,7 +477,7 @@ class PhalanxOperator:
                 # the queued objects of a disabled kind are watched, to be told they are
                 # left alone (an IntegrationNotEnabled Event), only where this operator may
                 # list them: asked first, so that no list is ever refused.
-                if self.config.manage_jobs and await self._may_watch(spec.resource):
+                if self.config.manage_jobs and await probe.may_watch(spec.resource):
                     self._start_informer(
                         spec.resource,
                         spec.state_kind,
@@ -499,12 +497,12 @@ class PhalanxOperator:
                     spec.child.state_kind,
                     label_selector=spec.child.owner_label,
                 )
-        left_alone = [k for k in UNSUPPORTED if self.config.manage_jobs]
+        left_alone = list(UNSUPPORTED) if self.config.manage_jobs else []
         if self.config.manage_jobs and lws.FRAMEWORK not in self.config.frameworks:
             left_alone.append(LEADER_WORKER_SET)
         for unsupported in left_alone:
-            served = await self._served(unsupported.group, unsupported.plural)
-            if served is not None and await self._may_watch(served):
+            served = await probe.served(unsupported.group, unsupported.plural)
+            if served is not None and await probe.may_watch(served):
                 self._start_informer(
                     served,
                     unsupported.kind,
@@ -609,66 +607,6 @@ class PhalanxOperator:
             return  # a clean shutdown: cleanup() stops everything in order
         logger.error("event=leadership_lost action=exit")
         os.kill(os.getpid(), signal.SIGTERM)
-
-    async def _served(self, group: str, plural: str) -> Resource | None:
-        """``plural`` of ``group`` in the version the API server prefers among those that
-        serve it (discovery), or None when no version does (its CRD is not installed)."""
-        assert self.api is not None
-        try:
-            versions = await self.api.request("GET", f"/apis/{group}")
-            preferred = (versions.get("preferredVersion") or {}).get("version")
-            names = [v.get("version") for v in versions.get("versions") or ()]
-            for version in sorted(names, key=lambda v: v != preferred):
-                listing = await self.api.request("GET", f"/apis/{group}/{version}")
-                for entry in listing.get("resources") or ():
-                    if entry.get("name") == plural:
-                        return Resource(group, str(version), plural)
-        except _REVIEW_ERRORS as error:
-            if not (isinstance(error, ApiError) and error.status == 404):
-                logger.warning("event=discovery_failed group=%s error=%r", group, error)
-        return None
-
-    async def _may_watch(self, resource: Resource) -> bool:
-        """Whether this operator may list and watch ``resource`` everywhere it looks
-        (SelfSubjectAccessReviews, which every authenticated user may create). An answer
-        that cannot be had counts as no: the kind is then not watched."""
-        assert self.api is not None
-        namespaces: tuple[str | None, ...] = (
-            self.config.namespaces if resource.namespaced and self.config.namespaces else (None,)
-        )
-        for namespace in namespaces:
-            for verb in ("list", "watch"):
-                attributes = {"group": resource.group, "resource": resource.plural, "verb": verb}
-                if namespace is not None:
-                    attributes["namespace"] = namespace
-                try:
-                    review = await self.api.request(
-                        "POST",
-                        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-                        body={
-                            "apiVersion": "authorization.k8s.io/v1",
-                            "kind": "SelfSubjectAccessReview",
-                            "spec": {"resourceAttributes": attributes},
-                        },
-                    )
-                except _REVIEW_ERRORS as error:
-                    logger.warning(
-                        "event=access_review_failed resource=%s verb=%s error=%r",
-                        resource.plural,
-                        verb,
-                        error,
-                    )
-                    return False
-                if not (review.get("status") or {}).get("allowed"):
-                    logger.info(
-                        "event=disabled_kind_not_watched resource=%s.%s verb=%s"
-                        " reason=not_permitted",
-                        resource.plural,
-                        resource.group,
-                        verb,
-                    )
-                    return False
-        return True
 
     def _start_informer(
         self,

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from phalanx.operator.integration import QUEUE_LABEL, disabled_message
 from phalanx.operator.keyed import KeyedQueue
-from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.writer import StatusWriter
 
 __all__ = [
@@ -105,10 +105,9 @@ class UnsupportedKinds:
             self._tell,
             log_as="unsupported_kind",
             ready=self._ready,
-            expected=TRANSIENT_ERRORS,
         )
 
-    def handler(self, kind: UnsupportedKind) -> Any:
+    def handler(self, kind: UnsupportedKind) -> Callable[[str, dict[str, Any]], None]:
         """The informer callback for ``kind``'s queued objects."""
 
         def on_event(event_type: str, obj: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from phalanx.operator import conditions as cond
 from phalanx.operator.kube import (
+    API_ERRORS,
     EVENTS,
     TRANSIENT_ERRORS,
     WORKLOADS,
@@ -49,7 +50,6 @@ logger = logging.getLogger(__name__)
 FIELD_MANAGER = "phalanx"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is valid YAML
 
-_WRITE_ERRORS: tuple[type[BaseException], ...] = (ApiError, *TRANSIENT_ERRORS)
 
 StatusFn = Callable[[dict[str, Any]], dict[str, Any] | None]
 """Given the current Workload, the status fields Phalanx should own (``conditions``, and
@@ -147,7 +147,7 @@ class StatusWriter:
                     await self._apply(current, status)
                     self.metrics.api_write("Workload", verb, ok=True)
                     return WriteOutcome(ok=True)
-                except _WRITE_ERRORS as error:
+                except API_ERRORS as error:
                     self.metrics.api_write("Workload", verb, ok=False)
                     code = error.status if isinstance(error, ApiError) else 0
                     if code in (404, 422):
@@ -434,7 +434,7 @@ class StatusWriter:
         try:
             await self.api.create(EVENTS, body, namespace=namespace)
             self.metrics.api_write("Event", "create", ok=True)
-        except _WRITE_ERRORS as error:
+        except API_ERRORS as error:
             self.metrics.api_write("Event", "create", ok=False)
             logger.debug("event=event_post_failed reason=%s error=%r", reason, error)
 
