@@ -23,10 +23,11 @@ venv: $(STAMP)
 ## the 1,000-Job fault-proxy run with 20 SIGKILLs included (about 8-17 minutes of it).
 ## The Go builds of the local control plane, of every addon and of Kueue's scheduler-performance
 ## harness (cold: minutes each) start in the background, at low priority, while the unit tests
-## run; a test that needs one before it is done waits on its build lock (their log: $(BUILD_LOG)).
+## run (they come first for that); a test that needs one before it is done waits on its build
+## lock (their log: $(BUILD_LOG)). The slowest tests are listed at the end.
 test: $(STAMP) lint typecheck contracts
 	nice -n 10 $(BIN)/phalanx devcluster build --with all --kueue-perf > $(BUILD_LOG) 2>&1 & \
-	$(BIN)/pytest -q; status=$$?; wait; exit $$status
+	$(BIN)/pytest -q --durations=40 tests/unit tests/integration; status=$$?; wait; exit $$status
 
 ## make faults: only the fault suite (SIGKILL, leader failover, API-server restart).
 faults: $(STAMP)
