@@ -199,50 +199,169 @@ def _insert_missing(connection: Connection, events: Sequence[Event]) -> int:
         new[(uid, transition, intervals.stored_micros(at))] = event_id
         added.setdefault(uid, set()).add(transition)
     resources: list[tuple[object, ...]] = []
+    fresh: dict[str, list[intervals.StoredEvent]] = {}
     for one in events:
-        event_id = new.get((one.uid, one.transition, intervals.micros(one.at)))
+        at_us = intervals.micros(one.at)
+        event_id = new.get((one.uid, one.transition, at_us))
         if event_id is not None:
             resources.extend(
                 (event_id, u.pod_set, u.resource, u.flavor, u.amount) for u in one.usage
             )
+            fresh.setdefault(one.uid, []).append(_stored_event(event_id, at_us, one))
     sql.event_resources.execute(connection, resources)
-    if added and _has_intervals(connection):
-        _update_reservations(connection, added, before)
+    if fresh and _has_intervals(connection):
+        _update_reservations(connection, fresh, before)
     return len(new)
 
 
-def _update_reservations(connection: Connection, added: dict[str, set[str]], before: int) -> None:
-    """Bring the stored intervals of the Workloads in ``added`` (uid -> the transitions of its
-    new events, those with an id above ``before``) up to their events.
+def _stored_event(event_id: int, at_us: int, one: Event) -> intervals.StoredEvent:
+    """``one`` as :func:`intervals.read_histories` would read it back."""
+    return intervals.StoredEvent(
+        id=event_id,
+        uid=one.uid,
+        transition=one.transition,
+        at_us=at_us,
+        namespace=one.namespace,
+        local_queue=one.local_queue,
+        cluster_queue=one.cluster_queue,
+        held=tuple((u.resource, u.flavor, u.amount) for u in one.usage)
+        if one.transition == ev.QUOTA_RESERVED
+        else (),
+    )
+
+
+def _update_reservations(
+    connection: Connection, fresh: dict[str, list[intervals.StoredEvent]], before: int
+) -> None:
+    """Bring the stored intervals of the Workloads in ``fresh`` (uid -> its new events, those
+    with an id above ``before``) up to their events.
 
     What is stored is the pairing of the events before (every write leaves it so), so only
     reservations whose pairing changed are written, and only Workloads whose pairing can have
-    changed are read: those with a new reservation, and those that already had one (any event
-    can move a reservation's bounds: even an admission is a Workload's last event)."""
-    reading = {uid for uid, transitions in added.items() if ev.QUOTA_RESERVED in transitions}
-    others = sorted(uid for uid in added if uid not in reading)
-    mark = _driver_sql(connection.dialect).mark
-    for chunk in _chunks(others, 500):
-        reading.update(
-            connection.exec_driver_sql(
-                "SELECT DISTINCT uid FROM workload_reservations"
-                f" WHERE uid IN ({', '.join([mark] * len(chunk))})",
-                tuple(chunk),
-            ).scalars()
-        )
+    changed are looked at: those with a new reservation, and those that already had one (any
+    event can move a reservation's bounds: even an admission is a Workload's last event).
+    When a Workload's new events all come after its stored ones (the live writer's case), the
+    pairing goes on from its stored intervals and a summary of its events read from the
+    unique key's index (:func:`intervals.extend`); otherwise its whole history is read and
+    paired again."""
+    kept = _stored_reservations(connection, sorted(fresh))
+    looking = sorted(
+        uid
+        for uid, new in fresh.items()
+        if uid in kept or any(e.transition == ev.QUOTA_RESERVED for e in new)
+    )
+    summaries = _summaries(connection, looking, before)
     stale: list[int] = []
-    fresh: list[intervals.Interval] = []
-    for history in intervals.read_histories(connection, reading):
+    found: list[intervals.Interval] = []
+    again: set[str] = set()
+    for uid in looking:
+        summary = summaries.get(uid)
+        if summary is not None:
+            summary.reservations = kept.get(uid, [])
+        extended = intervals.extend(summary, fresh[uid])
+        if extended is None:
+            again.add(uid)
+            continue
+        found.extend(extended[0])
+        stale.extend(extended[1])
+    for history in intervals.read_histories(connection, again):
         then = {one.id: one for one in intervals.pair([s for s in history if s.id <= before])}
         for one in intervals.pair(history):
             old = then.pop(one.id, None)
             if old != one:
-                fresh.append(one)
+                found.append(one)
                 if old is not None:
                     stale.append(one.id)
         stale.extend(then)  # paired no more (none today: each quota_reserved opens one)
     _delete_reservations(connection, stale)
-    _insert_reservations(connection, fresh)
+    _insert_reservations(connection, found)
+
+
+_SUMMARY = """
+SELECT uid, max(at), min(at),
+  min(CASE WHEN transition = '{created}' THEN at END),
+  max(CASE WHEN transition = '{evicted}' THEN at END),
+  max(CASE WHEN transition IN ('{finished}', '{deleted}') THEN 1 ELSE 0 END)
+FROM workload_events
+WHERE id <= {mark} AND uid IN ({marks})
+GROUP BY uid"""
+
+
+def _summaries(
+    connection: Connection, uids: Sequence[str], before: int
+) -> dict[str, intervals.Stored]:
+    """What :func:`intervals.extend` needs of the events up to ``before`` of each of
+    ``uids`` that has any (read from the unique key's index on SQLite: no event row)."""
+    mark = _driver_sql(connection.dialect).mark
+    found: dict[str, intervals.Stored] = {}
+    for chunk in _chunks(uids, 500):
+        sql = _SUMMARY.format(
+            created=ev.CREATED,
+            evicted=ev.EVICTED,
+            finished=ev.FINISHED,
+            deleted=ev.DELETED,
+            mark=mark,
+            marks=", ".join([mark] * len(chunk)),
+        )
+        for uid, last, first, created, evicted, closed in connection.exec_driver_sql(
+            sql, (before, *chunk)
+        ):
+            found[str(uid)] = intervals.Stored(
+                last_us=intervals.stored_micros(last),
+                first_us=intervals.stored_micros(first),
+                created_us=None if created is None else intervals.stored_micros(created),
+                evicted_us=None if evicted is None else intervals.stored_micros(evicted),
+                closed=bool(closed),
+            )
+    return found
+
+
+def _stored_reservations(
+    connection: Connection, uids: Sequence[str]
+) -> dict[str, list[intervals.Interval]]:
+    """The stored intervals of those of ``uids`` that have any; an open one with what it
+    holds and its preemptions, the others as their row goes."""
+    mark = _driver_sql(connection.dialect).mark
+    found: dict[str, list[intervals.Interval]] = {}
+    opened: dict[int, intervals.Interval] = {}
+    for chunk in _chunks(uids, 500):
+        rows = connection.exec_driver_sql(
+            "SELECT id, uid, namespace, local_queue, cluster_queue, start_us, end_us,"
+            " closed_us, wait_us, stray_until_us FROM workload_reservations"
+            f" WHERE uid IN ({', '.join([mark] * len(chunk))})",
+            tuple(chunk),
+        )
+        for ident, uid, namespace, lq, cq, start, end, closed, wait, stray in rows:
+            one = intervals.Interval(
+                id=int(ident),
+                uid=str(uid),
+                namespace=str(namespace),
+                local_queue=lq,
+                cluster_queue=cq,
+                start_us=int(start),
+                wait_us=int(wait),
+                end_us=None if end is None else int(end),
+                closed_us=None if closed is None or closed == intervals.OPEN else int(closed),
+                stray_until_us=None if stray is None else int(stray),
+            )
+            found.setdefault(one.uid, []).append(one)
+            if one.end_us is None:
+                opened[one.id] = one
+    for part in _chunks(sorted(opened), 500):
+        marks = ", ".join([mark] * len(part))
+        for ident, resource, flavor, amount in connection.exec_driver_sql(
+            "SELECT reservation_id, resource, flavor, amount FROM workload_reservation_resources"
+            f" WHERE reservation_id IN ({marks})",
+            tuple(part),
+        ):
+            opened[int(ident)].held[(str(resource), str(flavor))] = int(amount)
+        for ident, at_us in connection.exec_driver_sql(
+            "SELECT reservation_id, at_us FROM workload_reservation_preemptions"
+            f" WHERE reservation_id IN ({marks}) ORDER BY reservation_id, at_us",
+            tuple(part),
+        ):
+            opened[int(ident)].preempted_us.append(int(at_us))
+    return found
 
 
 _WITH_INTERVALS: weakref.WeakSet[Engine] = weakref.WeakSet()

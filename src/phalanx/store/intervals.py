@@ -44,7 +44,9 @@ __all__ = [
     "OPEN",
     "TABLE_COLUMNS",
     "Interval",
+    "Stored",
     "StoredEvent",
+    "extend",
     "micros",
     "pair",
     "read_histories",
@@ -109,10 +111,22 @@ def pair(events: Sequence[StoredEvent]) -> list[Interval]:
     if not ordered:
         return []
     created = next((e.at_us for e in ordered if e.transition == ev.CREATED), ordered[0].at_us)
-    queued_since = created
+    return _go_on(ordered, None, created, closed=False)
+
+
+def _go_on(
+    ordered: Sequence[StoredEvent],
+    open_: Interval | None,
+    queued_since: int,
+    *,
+    closed: bool,
+    evicted_at: int | None = None,
+) -> list[Interval]:
+    """The pairing rules over ``ordered`` (in ``(at, id)`` order), from a Workload's state
+    after the events before them: the reservation still open (changed in place) and its
+    latest eviction, when it began to wait, whether it had ended. Returns the reservations
+    ``ordered`` opens."""
     found: list[Interval] = []
-    open_: Interval | None = None
-    evicted_at: int | None = None
     for event in ordered:
         transition = event.transition
         if transition == ev.QUOTA_RESERVED:
@@ -145,9 +159,88 @@ def pair(events: Sequence[StoredEvent]) -> list[Interval]:
             open_.end_us = open_.closed_us = event.at_us
             queued_since = event.at_us
             open_, evicted_at = None, None
-    if open_ is not None and any(e.transition in _CLOSED for e in ordered):
+    if open_ is not None and (closed or any(e.transition in _CLOSED for e in ordered)):
         open_.stray_until_us = ordered[-1].at_us
     return found
+
+
+@dataclass(slots=True)
+class Stored:
+    """What the store holds of one Workload before a write: enough to go on pairing from
+    without reading its events (:func:`extend`)."""
+
+    last_us: int
+    """Its latest event's time."""
+    first_us: int
+    created_us: int | None
+    """Its first ``created`` event's time, if it has one."""
+    evicted_us: int | None
+    """Its latest ``evicted`` event's time, if it has one."""
+    closed: bool
+    """Whether it has a ``finished`` or ``deleted`` event."""
+    reservations: list[Interval] = field(default_factory=list)
+    """Its stored intervals; the open one complete (``held``, ``preempted_us``), the others
+    as far as their row goes."""
+
+
+def extend(
+    stored: Stored | None, new: Sequence[StoredEvent]
+) -> tuple[list[Interval], list[int]] | None:
+    """The pairing after ``new`` events of one Workload, all later than its stored ones (in
+    ``(at, id)`` order: their ids are larger), are added to ``stored``, computed from the
+    stored intervals instead of the stored events: ``(intervals to write, ids of stored
+    intervals they replace)``. None when it cannot be (an event earlier than a stored one, a
+    stored reservation open after an eviction or after the Workload's end): the caller pairs
+    the whole history then. Gives what :func:`pair` over all of the events gives."""
+    ordered = sorted(new, key=lambda e: (e.at_us, e.id))
+    if not ordered:
+        return [], []
+    if stored is None:
+        return pair(ordered), []
+    if ordered[0].at_us < stored.last_us:
+        return None
+    opened = [r for r in stored.reservations if r.end_us is None]
+    if len(opened) > 1:
+        return None
+    before: Interval | None = opened[0] if opened else None
+    open_: Interval | None = None
+    evicted_at: int | None = None
+    queued_since = 0
+    if before is not None:
+        if before.stray_until_us is not None:
+            return None
+        if stored.evicted_us is not None and stored.evicted_us >= before.start_us:
+            if stored.evicted_us == before.start_us:
+                return None  # before or after the reservation: only their ids say
+            evicted_at = stored.evicted_us  # the latest, so the one a reservation ends it at
+        if any((r.start_us, r.id) > (before.start_us, before.id) for r in stored.reservations):
+            return None
+        open_ = Interval(
+            id=before.id,
+            uid=before.uid,
+            namespace=before.namespace,
+            local_queue=before.local_queue,
+            cluster_queue=before.cluster_queue,
+            start_us=before.start_us,
+            wait_us=before.wait_us,
+            preempted_us=list(before.preempted_us),
+            held=dict(before.held),
+        )
+    elif stored.reservations:
+        last = max(stored.reservations, key=lambda r: (r.start_us, r.id))
+        assert last.end_us is not None
+        queued_since = last.end_us
+    elif stored.created_us is not None:
+        queued_since = stored.created_us
+    else:
+        queued_since = next(
+            (e.at_us for e in ordered if e.transition == ev.CREATED), stored.first_us
+        )
+    carried = open_
+    found = _go_on(ordered, open_, queued_since, closed=stored.closed, evicted_at=evicted_at)
+    if carried is not None and before is not None and carried != before:
+        return [carried, *found], [before.id]
+    return found, []
 
 
 _HISTORY = """
