@@ -255,6 +255,13 @@ def test_top_shows_a_jobs_usage_and_its_return(
     print(plugin(cluster, "top", "--once", "--localqueues", "-n", namespace).stdout)
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C reaches a ``top`` started from a terminal. A test run started in the background
+    by a non-interactive shell (``make test &``) has SIGINT ignored, and a child would inherit
+    that: give the child the default disposition, as a terminal's foreground job has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_top_refreshes_until_interrupted(cluster: ClusterHandle, kueue_crds: Path) -> None:
     """Into a pipe: a title line per frame, no terminal escapes; Ctrl-C ends it quietly."""
     proc = subprocess.Popen(
@@ -262,6 +269,7 @@ def test_top_refreshes_until_interrupted(cluster: ClusterHandle, kueue_crds: Pat
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_from_a_terminal,
     )
     titles = 0
     try:
@@ -285,6 +293,7 @@ def test_top_redraws_a_terminal(cluster: ClusterHandle, kueue_crds: Path) -> Non
         [str(PLUGIN), "top", "--interval", "0.5", f"--kubeconfig={cluster.kubeconfig}"],
         stdout=follower,
         stderr=subprocess.PIPE,
+        preexec_fn=_as_from_a_terminal,
     )
     os.close(follower)
     seen = b""
