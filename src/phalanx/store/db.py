@@ -192,12 +192,10 @@ def _insert_missing(connection: Connection, events: Sequence[Event]) -> int:
     before = connection.exec_driver_sql("SELECT max(id) FROM workload_events").scalar() or 0
     sql.events.execute(connection, [_row(e) for e in events])
     new: dict[tuple[str, str, int], int] = {}
-    added: dict[str, set[str]] = {}
     for event_id, uid, transition, at in connection.exec_driver_sql(
         f"SELECT id, uid, transition, at FROM workload_events WHERE id > {sql.mark}", (before,)
     ):
         new[(uid, transition, intervals.stored_micros(at))] = event_id
-        added.setdefault(uid, set()).add(transition)
     resources: list[tuple[object, ...]] = []
     fresh: dict[str, list[intervals.StoredEvent]] = {}
     for one in events:
