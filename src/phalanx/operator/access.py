@@ -8,7 +8,9 @@ authenticated user may create), so that the default install never makes a refuse
 Discovery is fetched once per API group, however many kinds are asked about. A transport
 failure or a 5xx is asked again with backoff, a few times: an answer that cannot be had is
 then a *no* (the kind is not watched until the next start, and the log says so), never a
-crash, because what hangs on it is an Event, not scheduling.
+crash, because what hangs on it is an Event, not scheduling. Once one question has gone
+unanswered that way, later ones are asked once each, so an API server away at start delays
+the start by one question's backoff, not by every question's.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class AccessProbe:
         self._attempts = max(1, attempts)
         self._backoff = backoff or Backoff(initial=0.5, maximum=4.0)
         self._sleep = sleep
-        self._groups: dict[str, list[tuple[str, list[dict[str, Any]]]] | None] = {}
+        self._groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+        self._away = False  # a question went unanswered after every attempt
 
     async def served(self, group: str, plural: str) -> Resource | None:
         """``plural`` of ``group`` in the version the API server prefers among those that
@@ -122,16 +125,18 @@ class AccessProbe:
         """The answer, asked again on a transport failure or a 5xx. A 404 on a discovery
         path (``absent_ok``) is an empty answer; any other 4xx, or the last failure, is
         logged and raises :class:`_NoAnswer`."""
-        for attempt in range(self._attempts):
+        attempts = 1 if self._away else self._attempts
+        for attempt in range(attempts):
             try:
-                return await self._request(method, path, body=body)
+                answer = await self._request(method, path, body=body)
             except API_ERRORS as error:
                 if absent_ok and isinstance(error, ApiError) and error.status == 404:
                     return {}
                 retry = not isinstance(error, ApiError) or error.status >= 500
-                if retry and attempt + 1 < self._attempts:
+                if retry and attempt + 1 < attempts:
                     await self._sleep(self._backoff.delay(attempt))
                     continue
+                self._away = self._away or retry
                 logger.warning(
                     "event=start_question_failed method=%s path=%s attempts=%d error=%r",
                     method,
@@ -140,4 +145,6 @@ class AccessProbe:
                     error,
                 )
                 raise _NoAnswer from error
+            self._away = False
+            return answer
         raise AssertionError("unreachable")

@@ -181,3 +181,26 @@ def test_may_watch_is_no_at_the_first_refusal_or_unanswered_review() -> None:
     away.failures[ACCESS_REVIEWS] = [OSError("down")] * 4
     assert not asyncio.run(_probe(away).may_watch(tfjobs))
     assert away.count(ACCESS_REVIEWS) == 4
+
+
+def test_once_a_question_went_unanswered_the_next_are_asked_once_until_one_is_answered() -> None:
+    # An API server away at start must not delay the start by every question's backoff.
+    api = Scripted()
+    api.failures["/apis/kubeflow.org"] = [OSError("down")] * 4
+    api.failures["/apis/ray.io"] = [OSError("down")] * 4
+    api.failures[ACCESS_REVIEWS] = [OSError("down")]
+    probe = _probe(api)
+    tfjobs = Resource("kubeflow.org", "v1", "tfjobs")
+
+    async def ask() -> tuple[Resource | None, Resource | None, bool, bool]:
+        return (
+            await probe.served("kubeflow.org", "tfjobs"),  # 4 attempts: away
+            await probe.served("ray.io", "rayjobs"),  # asked once
+            await probe.may_watch(tfjobs),  # asked once: no
+            await probe.may_watch(tfjobs),  # answered: back to full attempts
+        )
+
+    assert asyncio.run(ask()) == (None, None, False, True)
+    assert api.count("/apis/kubeflow.org") == 4
+    assert api.count("/apis/ray.io") == 1
+    assert api.count(ACCESS_REVIEWS) == 1 + 1 + 1  # the failed one, then list and watch
