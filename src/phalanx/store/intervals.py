@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult
@@ -215,17 +215,8 @@ def extend(
             evicted_at = stored.evicted_us  # the latest, so the one a reservation ends it at
         if any((r.start_us, r.id) > (before.start_us, before.id) for r in stored.reservations):
             return None
-        open_ = Interval(
-            id=before.id,
-            uid=before.uid,
-            namespace=before.namespace,
-            local_queue=before.local_queue,
-            cluster_queue=before.cluster_queue,
-            start_us=before.start_us,
-            wait_us=before.wait_us,
-            preempted_us=list(before.preempted_us),
-            held=dict(before.held),
-        )
+        # A copy to go on with (its lists and dicts too): ``before`` stays what is stored.
+        open_ = replace(before, preempted_us=list(before.preempted_us), held=dict(before.held))
     elif stored.reservations:
         last = max(stored.reservations, key=lambda r: (r.start_us, r.id))
         assert last.end_us is not None
@@ -236,10 +227,9 @@ def extend(
         queued_since = next(
             (e.at_us for e in ordered if e.transition == ev.CREATED), stored.first_us
         )
-    carried = open_
     found = _go_on(ordered, open_, queued_since, closed=stored.closed, evicted_at=evicted_at)
-    if carried is not None and before is not None and carried != before:
-        return [carried, *found], [before.id]
+    if open_ is not None and before is not None and open_ != before:  # changed in place
+        return [open_, *found], [before.id]
     return found, []
 
 

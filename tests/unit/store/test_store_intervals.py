@@ -355,18 +355,7 @@ def _as_stored(events: list[ev.Event]) -> list[intervals.StoredEvent]:
     """``events`` in time order, ids in that order (as one write of them in order gives)."""
     ordered = sorted(events, key=lambda e: e.at)
     return [
-        intervals.StoredEvent(
-            id=i,
-            uid=e.uid,
-            transition=e.transition,
-            at_us=intervals.micros(e.at),
-            namespace=e.namespace,
-            local_queue=e.local_queue,
-            cluster_queue=e.cluster_queue,
-            held=tuple((u.resource, u.flavor, u.amount) for u in e.usage)
-            if e.transition == ev.QUOTA_RESERVED
-            else (),
-        )
+        db._stored_event(i, intervals.micros(e.at), e)  # as the writer hands them on
         for i, e in enumerate(ordered, start=1)
     ]
 
