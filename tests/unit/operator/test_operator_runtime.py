@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import urllib.error
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+import phalanx.operator.runtime as runtime_module
+from phalanx.operator.access import AccessProbe
 from phalanx.operator.app import build_registry
 from phalanx.operator.config import OperatorConfig, WebhookConfig
 from phalanx.operator.informer import Informer
@@ -58,6 +61,13 @@ def config(tmp_path: Path) -> OperatorConfig:
     return OperatorConfig(
         kubeconfig=kubeconfig, metrics_port=None, webhook=WebhookConfig(enabled=False)
     )
+
+
+@pytest.fixture(autouse=True)
+def _questions_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server here (127.0.0.1:1) never answers: a start-up question is asked once,
+    not with the 3.5 s of backoff a real start gives an API server that is away."""
+    monkeypatch.setattr(runtime_module, "AccessProbe", functools.partial(AccessProbe, attempts=1))
 
 
 def _with_operator(
