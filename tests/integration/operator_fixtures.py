@@ -498,3 +498,20 @@ def ray_controller(cluster: ClusterHandle) -> Path:
     assert state is not None, f"no devcluster state in {cluster.state_dir}"
     runtime = addons.ensure_started(layout, addons.RAY, bin_dir=state.bin_dir)
     return runtime.log
+
+
+@pytest.fixture(scope="session")
+def trainer_controller(cluster: ClusterHandle, jobset_controller: Path) -> Path:
+    """The real Kubeflow Trainer v2 controller manager (github.com/kubeflow/trainer/v2, built
+    from its pinned Go module on first use) running beside the cluster with its CRDs and
+    webhooks installed, and JobSet's controller beside it (a TrainJob runs as a JobSet);
+    ``down`` stops it. Returns its log file."""
+    from phalanx.devcluster import addons
+    from phalanx.devcluster.components import Layout
+    from phalanx.devcluster.state import load_state
+
+    layout = Layout(cluster.state_dir)
+    state = load_state(layout)
+    assert state is not None, f"no devcluster state in {cluster.state_dir}"
+    runtime = addons.ensure_started(layout, addons.TRAINER, bin_dir=state.bin_dir)
+    return runtime.log

@@ -29,6 +29,7 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -89,6 +90,8 @@ class Addon:
     sources: tuple[str, ...] = ()
     """Files of :attr:`gomod_dir` beside go.mod/go.sum that the build compiles (a main of
     our own): they key the cache folder too, so that changing one rebuilds."""
+    environment: Callable[[Launch], dict[str, str]] | None = None
+    """Variables set for the controller's process on top of ours (None: ours as they are)."""
 
     @property
     def gomod_dir(self) -> str:
@@ -493,7 +496,8 @@ def ensure_started(
         f"--kubeconfig={layout.admin_kubeconfig}",
         *addon.arguments(launch),
     ]
-    record = processes.start(addon.name, argv, log_path=runtime.log, cwd=folder)
+    env = {**os.environ, **addon.environment(launch)} if addon.environment else None
+    record = processes.start(addon.name, argv, log_path=runtime.log, cwd=folder, env=env)
     runtime = AddonRuntime(addon, folder, health_port, webhook_port, record)
     _save(runtime)
     started = time.monotonic()
@@ -720,3 +724,87 @@ RAY = Addon(
     arguments=_kuberay_arguments,
 )
 ADDONS[RAY.name] = RAY
+
+
+# -- Kubeflow Trainer v2 (TrainJob) --------------------------------------------------------------
+# Its controller manager (cmd/trainer-controller-manager) reconciles TrainJobs into JobSets (so
+# JobSet's controller runs beside it) from a TrainingRuntime or ClusterTrainingRuntime, and
+# serves webhooks: TrainJob defaulting, and validation of TrainJobs and both runtime kinds. Its
+# Configuration turns cert management off (no Service or Secret beside the cluster) and serves
+# the webhooks on loopback. It has no setting for the certificate folder: controller-runtime
+# reads it from <temp dir>/k8s-webhook-server/serving-certs, so the process gets TMPDIR set to
+# the addon's folder and the devcluster's serving certificate is copied there. No pod webhooks.
+
+
+def _trainer_arguments(launch: Launch) -> list[str]:
+    config = launch.folder / "config.yaml"
+    settings = {
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "certManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": launch.webhook_port},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
+    }
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    return [f"--config={config}", "--zap-devel=false", "--zap-log-level=info"]
+
+
+def _trainer_environment(launch: Launch) -> dict[str, str]:
+    temp = launch.folder / "tmp"
+    certs = temp / "k8s-webhook-server" / "serving-certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    for name in ("tls.crt", "tls.key"):
+        shutil.copyfile(launch.cert_dir / name, certs / name)
+    (certs / "tls.key").chmod(0o600)
+    return {"TMPDIR": str(temp)}
+
+
+def trainer_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """Trainer's webhook configurations (its manifests/base/webhook/manifests.yaml) with a
+    loopback URL."""
+
+    def hook(kind: str, plural: str, verb: str) -> dict[str, Any]:
+        return _loopback_webhook(
+            f"{'defaulter' if verb == 'mutate' else 'validator'}.{kind}.trainer.kubeflow.org",
+            port=port,
+            ca_bundle=ca_bundle,
+            path=f"/{verb}-trainer-kubeflow-org-v1alpha1-{kind}",
+            rule=("trainer.kubeflow.org", "v1alpha1", plural),
+            operations=["CREATE", "UPDATE"],
+        )
+
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-trainer-mutating"},
+            "webhooks": [hook("trainjob", "trainjobs", "mutate")],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "phalanx-devcluster-trainer-validating"},
+            "webhooks": [
+                hook("clustertrainingruntime", "clustertrainingruntimes", "validate"),
+                hook("trainingruntime", "trainingruntimes", "validate"),
+                hook("trainjob", "trainjobs", "validate"),
+            ],
+        },
+    ]
+
+
+TRAINER = Addon(
+    name="trainer",
+    module="github.com/kubeflow/trainer/v2",
+    version="v2.2.1",
+    package="github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
+    binary="trainer-controller-manager",
+    crd_dir="manifests/base/crds",
+    crd_glob="trainer.kubeflow.org_*.yaml",
+    arguments=_trainer_arguments,
+    environment=_trainer_environment,
+    webhooks=lambda port, ca: trainer_webhooks(port=port, ca_bundle=ca),
+)
+ADDONS[TRAINER.name] = TRAINER

@@ -83,8 +83,11 @@ def is_running(record: ProcessRecord) -> bool:
     return exe is None or exe.removesuffix(" (deleted)") == record.executable
 
 
-def start(name: str, argv: list[str], *, log_path: Path, cwd: Path) -> ProcessRecord:
-    """Start ``argv`` detached, stdout+stderr appended to ``log_path``."""
+def start(
+    name: str, argv: list[str], *, log_path: Path, cwd: Path, env: dict[str, str] | None = None
+) -> ProcessRecord:
+    """Start ``argv`` detached, stdout+stderr appended to ``log_path``; ``env`` is its whole
+    environment (None: ours)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         log_file.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} start {name}\n".encode())
@@ -92,6 +95,7 @@ def start(name: str, argv: list[str], *, log_path: Path, cwd: Path) -> ProcessRe
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,

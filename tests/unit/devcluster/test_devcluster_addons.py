@@ -7,6 +7,7 @@ import base64
 from pathlib import Path
 
 import pytest
+import yaml
 
 from phalanx.devcluster import addons, pins
 
@@ -108,3 +109,69 @@ def test_kuberay_runs_on_loopback_without_leader_election_or_metrics(tmp_path: P
     assert "--metrics-addr=0" in argv and "--enable-leader-election=false" in argv
     # KubeRay serves its webhook only with ENABLE_WEBHOOKS=true: none to register.
     assert addons.RAY.webhooks is None
+
+
+def test_the_checkout_pins_trainer_at_the_version_the_addon_names() -> None:
+    gomod = (pins.repo_root() / "devcluster" / "trainer" / "go.mod").read_text()
+    assert f"github.com/kubeflow/trainer/v2 {addons.TRAINER.version}" in gomod
+    assert addons.parse_names(["jobset,trainer"]) == ("jobset", "trainer")
+
+
+def test_trainer_serves_on_loopback_with_the_devcluster_certificate_in_its_temp_dir(
+    tmp_path: Path,
+) -> None:
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "tls.crt").write_text("CERT")
+    (certs / "tls.key").write_text("KEY")
+    launch = addons.Launch(
+        layout=None,  # type: ignore[arg-type]
+        folder=tmp_path / "trainer",
+        cert_dir=certs,
+        health_port=8081,
+        webhook_port=9443,
+    )
+    launch.folder.mkdir()
+    argv = addons.TRAINER.arguments(launch)
+    config = yaml.safe_load((launch.folder / "config.yaml").read_text())
+    assert argv[0] == f"--config={launch.folder / 'config.yaml'}"
+    assert config["certManagement"] == {"enable": False}
+    assert config["webhook"] == {"host": "127.0.0.1", "port": 9443}
+    assert config["health"] == {"healthProbeBindAddress": "127.0.0.1:8081"}
+    assert config["leaderElection"] == {"leaderElect": False}
+    assert config["metrics"] == {"bindAddress": "0"}
+    # No setting names the certificate folder: controller-runtime's default under TMPDIR.
+    assert addons.TRAINER.environment is not None
+    env = addons.TRAINER.environment(launch)
+    served = Path(env["TMPDIR"]) / "k8s-webhook-server" / "serving-certs"
+    assert served.is_relative_to(launch.folder)
+    assert (served / "tls.crt").read_text() == "CERT"
+    assert (served / "tls.key").read_text() == "KEY"
+    assert (served / "tls.key").stat().st_mode & 0o077 == 0
+
+
+def test_trainer_webhooks_are_trainers_own_by_loopback_url() -> None:
+    mutating, validating = addons.trainer_webhooks(port=4443, ca_bundle=b"CA")
+    assert [h["name"] for h in mutating["webhooks"]] == ["defaulter.trainjob.trainer.kubeflow.org"]
+    hooks = {h["name"]: h for h in validating["webhooks"]}
+    assert set(hooks) == {
+        "validator.clustertrainingruntime.trainer.kubeflow.org",
+        "validator.trainingruntime.trainer.kubeflow.org",
+        "validator.trainjob.trainer.kubeflow.org",
+    }
+    assert mutating["webhooks"][0]["clientConfig"] == {
+        "url": "https://127.0.0.1:4443/mutate-trainer-kubeflow-org-v1alpha1-trainjob",
+        "caBundle": base64.b64encode(b"CA").decode(),
+    }
+    runtime = hooks["validator.trainingruntime.trainer.kubeflow.org"]
+    assert runtime["clientConfig"]["url"].endswith(
+        "/validate-trainer-kubeflow-org-v1alpha1-trainingruntime"
+    )
+    assert runtime["rules"] == [
+        {
+            "apiGroups": ["trainer.kubeflow.org"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["trainingruntimes"],
+        }
+    ]
