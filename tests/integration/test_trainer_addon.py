@@ -2,7 +2,10 @@
 beside the cluster runs a TrainJob from a ClusterTrainingRuntime as a JobSet whose pods run on
 KWOK nodes to completion; a TrainJob created suspended runs no pod, and its pods land where a
 ``kueue.x-k8s.io/manager`` runtime patch puts them once it is resumed. That is the path a
-queueing integration admits a TrainJob through (Kueue's, through the same patch)."""
+queueing integration admits a TrainJob through (Kueue's, through the same patch).
+
+Named to run late: on a machine with no cached builds, ``make test`` builds the addons in the
+background while the earlier tests run, and the trainer is among the last."""
 
 from __future__ import annotations
 
