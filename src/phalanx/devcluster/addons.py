@@ -92,6 +92,8 @@ class Addon:
     our own): they key the cache folder too, so that changing one rebuilds."""
     environment: Callable[[Launch], dict[str, str]] | None = None
     """Variables set for the controller's process on top of ours (None: ours as they are)."""
+    requires: tuple[str, ...] = ()
+    """Addons that must run beside it (started first when it is asked for)."""
 
     @property
     def gomod_dir(self) -> str:
@@ -102,14 +104,19 @@ _JOBSET_WEBHOOK_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 def parse_names(values: Iterable[str]) -> tuple[str, ...]:
-    """``--with jobset,foo --with bar`` -> the known addon names; unknown ones are refused."""
+    """``--with jobset,foo --with bar`` -> the known addon names, each after the addons it
+    requires (added when not named); unknown ones are refused."""
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     unknown = [n for n in names if n not in ADDONS]
     if unknown:
         raise AddonError(
             f"unknown addon(s) {', '.join(unknown)}: the devcluster can start {', '.join(ADDONS)}"
         )
-    return tuple(dict.fromkeys(names))
+    ordered: dict[str, None] = {}
+    for name in names:
+        ordered.update(dict.fromkeys(ADDONS[name].requires))
+        ordered[name] = None
+    return tuple(ordered)
 
 
 # -- build --------------------------------------------------------------------------------------
@@ -805,6 +812,7 @@ TRAINER = Addon(
     crd_glob="trainer.kubeflow.org_*.yaml",
     arguments=_trainer_arguments,
     environment=_trainer_environment,
+    requires=("jobset",),  # a TrainJob runs as a JobSet
     webhooks=lambda port, ca: trainer_webhooks(port=port, ca_bundle=ca),
 )
 ADDONS[TRAINER.name] = TRAINER

@@ -115,6 +115,9 @@ def test_the_checkout_pins_trainer_at_the_version_the_addon_names() -> None:
     gomod = (pins.repo_root() / "devcluster" / "trainer" / "go.mod").read_text()
     assert f"github.com/kubeflow/trainer/v2 {addons.TRAINER.version}" in gomod
     assert addons.parse_names(["jobset,trainer"]) == ("jobset", "trainer")
+    # A TrainJob runs as a JobSet: asking for the trainer starts JobSet's controller first.
+    assert addons.parse_names(["trainer"]) == ("jobset", "trainer")
+    assert addons.parse_names(["trainer,lws,jobset"]) == ("jobset", "trainer", "lws")
 
 
 def test_trainer_serves_on_loopback_with_the_devcluster_certificate_in_its_temp_dir(
