@@ -61,6 +61,12 @@ def timestamp_ms(text: str | None) -> int:
     """RFC 3339 (``2026-01-02T03:04:05Z``) to milliseconds since the epoch; 0 when absent."""
     if not text:
         return 0
+    return _timestamp_ms(text)
+
+
+@lru_cache(maxsize=4096)
+def _timestamp_ms(text: str) -> int:
+    # Creation times have whole seconds: a burst's Workloads share a few hundred of them.
     return int(datetime.datetime.fromisoformat(text).timestamp() * 1000)
 
 
@@ -225,14 +231,22 @@ def workload_priority_class(obj: Mapping[str, Any]) -> core.WorkloadPriorityClas
 # -- pods and workloads -----------------------------------------------------------------------
 
 
-def _container_requests(container: Mapping[str, Any], path: str) -> dict[str, int]:
+def _container_requests(container: Mapping[str, Any], where: str, index: int) -> dict[str, int]:
+    """The requests of ``where[index]`` (``spec.containers``, ...); the field is spelt out only
+    for the error (this runs for every container of every Workload version)."""
     resources = container.get("resources") or {}
+    limits = resources.get("limits")
+    requests = resources.get("requests") or {}
     # Kubernetes defaults a missing request to the limit; Kueue counts it the same way.
-    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-    return {
-        name: _parse(value, name, f"{path}.resources.requests[{name}]")
-        for name, value in merged.items()
-    }
+    merged = {**limits, **requests} if limits else requests
+    out: dict[str, int] = {}
+    for name, value in merged.items():
+        try:
+            out[name] = _quantity(str(value), name)
+        except QuantityError as error:
+            field = f"{where}[{index}].resources.requests[{name}]"
+            raise ConversionError(f"{field}: {error}") from error
+    return out
 
 
 def pod_requests(pod_spec: Mapping[str, Any], path: str = "spec") -> dict[str, int]:
@@ -242,7 +256,7 @@ def pod_requests(pod_spec: Mapping[str, Any], path: str = "spec") -> dict[str, i
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
     for i, container in enumerate(pod_spec.get("initContainers") or ()):
-        requests = _container_requests(container, f"{path}.initContainers[{i}]")
+        requests = _container_requests(container, f"{path}.initContainers", i)
         if container.get("restartPolicy") == "Always":
             for name, amount in requests.items():
                 sidecars[name] = sidecars.get(name, 0) + amount
@@ -251,7 +265,7 @@ def pod_requests(pod_spec: Mapping[str, Any], path: str = "spec") -> dict[str, i
             # An init container runs beside the sidecars started before it.
             init_peak[name] = max(init_peak.get(name, 0), amount + sidecars.get(name, 0))
     for i, container in enumerate(pod_spec.get("containers") or ()):
-        for name, amount in _container_requests(container, f"{path}.containers[{i}]").items():
+        for name, amount in _container_requests(container, f"{path}.containers", i).items():
             total[name] = total.get(name, 0) + amount
     for name, amount in sidecars.items():
         total[name] = total.get(name, 0) + amount

@@ -150,6 +150,8 @@ def topology_request_from_annotations(annotations: Mapping[str, str]) -> Topolog
 
     Raises PlacementRequestError naming the annotation when they contradict each other.
     """
+    if not annotations:  # most templates: nothing to read
+        return None
     required = annotations.get(ANNOTATION_REQUIRED)
     preferred = annotations.get(ANNOTATION_PREFERRED)
     unconstrained = annotations.get(ANNOTATION_UNCONSTRAINED)

@@ -37,6 +37,38 @@ def test_bad_quantities_name_the_field() -> None:
     pod_spec = {"containers": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]}
     with pytest.raises(convert.ConversionError, match=r"spec\.containers\[0\]\.resources"):
         convert.pod_requests(pod_spec)
+    fine = {"name": "a", "resources": {"requests": {"cpu": "1"}}}
+    bad_limit = {"name": "b", "resources": {"limits": {"memory": "x"}, "requests": {"cpu": "1"}}}
+    workload = {
+        "metadata": {"namespace": "ns", "name": "w"},
+        "spec": {
+            "podSets": [
+                {"name": "ok", "template": {"spec": {"containers": [fine]}}},
+                {"name": "two", "template": {"spec": {"containers": [fine, bad_limit]}}},
+            ]
+        },
+    }
+    with pytest.raises(convert.ConversionError) as error:
+        convert.workload(workload)
+    assert str(error.value).startswith(
+        "spec.podSets[1].template.spec.containers[1].resources.requests[memory]: "
+    )
+    init = {"initContainers": [{"name": "i", "resources": {"requests": {"cpu": "-"}}}]}
+    with pytest.raises(convert.ConversionError, match=r"^spec\.initContainers\[0\]\.resources"):
+        convert.pod_requests(init)
+
+
+def test_a_request_overrides_its_limit_and_a_limit_alone_counts() -> None:
+    container = {"resources": {"limits": {"cpu": "2", "memory": "1Gi"}, "requests": {"cpu": "1"}}}
+    assert convert.pod_requests({"containers": [container]}) == {"cpu": 1000, "memory": GiB}
+
+
+def test_creation_times_are_milliseconds_since_the_epoch() -> None:
+    assert convert.timestamp_ms(None) == 0 and convert.timestamp_ms("") == 0
+    assert convert.timestamp_ms("1970-01-01T00:00:01Z") == 1000
+    # Asked again (cached): the same answer, and a different time is not confused with it.
+    assert convert.timestamp_ms("1970-01-01T00:00:01Z") == 1000
+    assert convert.timestamp_ms("2026-01-02T03:04:05Z") == 1767323045000
 
 
 def _workload(**spec: Any) -> dict[str, Any]:
