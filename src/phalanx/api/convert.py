@@ -66,7 +66,7 @@ def timestamp_ms(text: str | None) -> int:
 
 @lru_cache(maxsize=4096)
 def _timestamp_ms(text: str) -> int:
-    # Creation times have whole seconds: a burst's Workloads share a few hundred of them.
+    # Creation times have whole seconds: a burst's Workloads share them.
     return int(datetime.datetime.fromisoformat(text).timestamp() * 1000)
 
 

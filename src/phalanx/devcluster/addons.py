@@ -326,21 +326,29 @@ def stop_all(layout: Layout) -> list[str]:
     return stubborn
 
 
-def _manager_config(api_version: str, launch: Launch) -> dict[str, Any]:
-    """A controller-runtime manager's Configuration (JobSet's and LWS's share the shape):
-    leader election and metrics off, probes on loopback."""
+def _manager_config(
+    api_version: str,
+    launch: Launch,
+    *,
+    cert_management: str = "internalCertManagement",
+    cert_dir: bool = True,
+) -> dict[str, Any]:
+    """A controller-runtime manager's Configuration (JobSet's, LWS's and the Trainer's share
+    the shape): leader election and metrics off, probes on loopback. ``cert_management`` is
+    the kind's name for its certificate rotation, turned off; ``cert_dir`` False for a kind
+    whose webhook settings have no ``certDir`` (the Trainer: see
+    :func:`_trainer_environment`)."""
+    webhook: dict[str, Any] = {"host": "127.0.0.1", "port": launch.webhook_port}
+    if cert_dir:
+        webhook["certDir"] = str(launch.cert_dir)
     return {
         "apiVersion": api_version,
         "kind": "Configuration",
         "leaderElection": {"leaderElect": False},
         # No Service or Secret beside the cluster: the webhooks are served on loopback with
         # the devcluster's serving certificate instead of a rotated one.
-        "internalCertManagement": {"enable": False},
-        "webhook": {
-            "host": "127.0.0.1",
-            "port": launch.webhook_port,
-            "certDir": str(launch.cert_dir),
-        },
+        cert_management: {"enable": False},
+        "webhook": webhook,
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
     }
@@ -383,6 +391,27 @@ def _loopback_webhook(
     return webhook
 
 
+def _configurations(
+    addon: str,
+    *,
+    mutating: list[dict[str, Any]] | None = None,
+    validating: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """An addon's Mutating/ValidatingWebhookConfigurations, ``phalanx-devcluster-<addon>-*``,
+    holding its webhooks (a kind with none is left out)."""
+    kinds = (("mutating", "Mutating", mutating), ("validating", "Validating", validating))
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": f"{kind}WebhookConfiguration",
+            "metadata": {"name": f"phalanx-devcluster-{addon}-{suffix}"},
+            "webhooks": hooks,
+        }
+        for suffix, kind, hooks in kinds
+        if hooks
+    ]
+
+
 def _jobset_config(launch: Launch) -> dict[str, Any]:
     return _manager_config("config.jobset.x-k8s.io/v1alpha1", launch)
 
@@ -418,31 +447,22 @@ def jobset_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
         )
 
     js = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-jobset-mutating"},
-            "webhooks": [
-                hook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset", *js, ["CREATE"]),
-                hook("mpod.kb.io", "/mutate--v1-pod", "", "v1", "pods", ["CREATE"]),
-            ],
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-jobset-validating"},
-            "webhooks": [
-                hook(
-                    "vjobset.kb.io",
-                    "/validate-jobset-x-k8s-io-v1alpha2-jobset",
-                    *js,
-                    ["CREATE", "UPDATE"],
-                ),
-                hook("vpod.kb.io", "/validate--v1-pod", "", "v1", "pods", ["CREATE"]),
-            ],
-        },
-    ]
+    return _configurations(
+        "jobset",
+        mutating=[
+            hook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset", *js, ["CREATE"]),
+            hook("mpod.kb.io", "/mutate--v1-pod", "", "v1", "pods", ["CREATE"]),
+        ],
+        validating=[
+            hook(
+                "vjobset.kb.io",
+                "/validate-jobset-x-k8s-io-v1alpha2-jobset",
+                *js,
+                ["CREATE", "UPDATE"],
+            ),
+            hook("vpod.kb.io", "/validate--v1-pod", "", "v1", "pods", ["CREATE"]),
+        ],
+    )
 
 
 def _kubectl(bin_dir: Path, layout: Layout, *args: str, input: str | None = None) -> str:
@@ -610,28 +630,17 @@ def lws_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
         )
 
     lws_path = "leaderworkerset-x-k8s-io-v1-leaderworkerset"
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-lws-mutating"},
-            "webhooks": [
-                hook("mleaderworkerset.kb.io", f"/mutate-{lws_path}", False, ["CREATE", "UPDATE"]),
-                hook("mpod.kb.io", "/mutate--v1-pod", True, ["CREATE"]),
-            ],
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-lws-validating"},
-            "webhooks": [
-                hook(
-                    "vleaderworkerset.kb.io", f"/validate-{lws_path}", False, ["CREATE", "UPDATE"]
-                ),
-                hook("vpod.kb.io", "/validate--v1-pod", True, ["CREATE", "UPDATE"]),
-            ],
-        },
-    ]
+    return _configurations(
+        "lws",
+        mutating=[
+            hook("mleaderworkerset.kb.io", f"/mutate-{lws_path}", False, ["CREATE", "UPDATE"]),
+            hook("mpod.kb.io", "/mutate--v1-pod", True, ["CREATE"]),
+        ],
+        validating=[
+            hook("vleaderworkerset.kb.io", f"/validate-{lws_path}", False, ["CREATE", "UPDATE"]),
+            hook("vpod.kb.io", "/validate--v1-pod", True, ["CREATE", "UPDATE"]),
+        ],
+    )
 
 
 LWS = Addon(
@@ -669,23 +678,19 @@ def _pytorch_arguments(launch: Launch) -> list[str]:
 def pytorch_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
     """The training-operator's PyTorchJob validating webhook (its
     manifests/base/webhook/manifests.yaml) with a loopback URL."""
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-pytorch-validating"},
-            "webhooks": [
-                _loopback_webhook(
-                    "validator.pytorchjob.training-operator.kubeflow.org",
-                    port=port,
-                    ca_bundle=ca_bundle,
-                    path="/validate-kubeflow-org-v1-pytorchjob",
-                    rule=("kubeflow.org", "v1", "pytorchjobs"),
-                    operations=["CREATE", "UPDATE"],
-                )
-            ],
-        }
-    ]
+    return _configurations(
+        "pytorch",
+        validating=[
+            _loopback_webhook(
+                "validator.pytorchjob.training-operator.kubeflow.org",
+                port=port,
+                ca_bundle=ca_bundle,
+                path="/validate-kubeflow-org-v1-pytorchjob",
+                rule=("kubeflow.org", "v1", "pytorchjobs"),
+                operations=["CREATE", "UPDATE"],
+            )
+        ],
+    )
 
 
 PYTORCH = Addon(
@@ -745,15 +750,12 @@ ADDONS[RAY.name] = RAY
 
 def _trainer_arguments(launch: Launch) -> list[str]:
     config = launch.folder / "config.yaml"
-    settings = {
-        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "certManagement": {"enable": False},
-        "webhook": {"host": "127.0.0.1", "port": launch.webhook_port},
-        "metrics": {"bindAddress": "0"},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{launch.health_port}"},
-    }
+    settings = _manager_config(
+        "config.trainer.kubeflow.org/v1alpha1",
+        launch,
+        cert_management="certManagement",
+        cert_dir=False,
+    )
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     return [f"--config={config}", "--zap-devel=false", "--zap-log-level=info"]
 
@@ -782,24 +784,15 @@ def trainer_webhooks(*, port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
             operations=["CREATE", "UPDATE"],
         )
 
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-trainer-mutating"},
-            "webhooks": [hook("trainjob", "trainjobs", "mutate")],
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "phalanx-devcluster-trainer-validating"},
-            "webhooks": [
-                hook("clustertrainingruntime", "clustertrainingruntimes", "validate"),
-                hook("trainingruntime", "trainingruntimes", "validate"),
-                hook("trainjob", "trainjobs", "validate"),
-            ],
-        },
-    ]
+    return _configurations(
+        "trainer",
+        mutating=[hook("trainjob", "trainjobs", "mutate")],
+        validating=[
+            hook("clustertrainingruntime", "clustertrainingruntimes", "validate"),
+            hook("trainingruntime", "trainingruntimes", "validate"),
+            hook("trainjob", "trainjobs", "validate"),
+        ],
+    )
 
 
 TRAINER = Addon(
