@@ -21,6 +21,7 @@ from phalanx.bench.kueue_compare import (
     parse_kueue_output,
     phalanx_side,
     render,
+    stopped_early,
 )
 from phalanx.cli.main import main
 
@@ -133,3 +134,27 @@ def test_the_config_flag_is_required(capsys: pytest.CaptureFixture[str]) -> None
         main(["bench", "compare"])
     assert exit_info.value.code == 2
     assert "the following arguments are required: --config" in capsys.readouterr().err
+
+
+def test_a_run_with_a_workload_never_admitted_stopped_early_and_a_full_one_did_not(
+    kueue_dir: Path,
+) -> None:
+    """The runner's exit 0 with a Workload never admitted is its recorder stopping early,
+    which ``bench compare`` answers by running Kueue's side again."""
+    assert not stopped_early(parse_kueue_output(kueue_dir))
+    rows = (kueue_dir / "wlStates.csv").read_text().splitlines()
+    fields = rows[1].split(",")
+    fields[4:6] = ["0", "0"]  # ms to admitted, ms to finish
+    rows[1] = ",".join(fields)
+    (kueue_dir / "wlStates.csv").write_text("\n".join(rows) + "\n")
+    assert stopped_early(parse_kueue_output(kueue_dir))
+
+
+def test_the_report_says_when_kueues_side_ran_again(kueue_dir: Path) -> None:
+    kueue = parse_kueue_output(kueue_dir)
+    assert "Kueue's side ran" not in render(compare("s", kueue, _phalanx()))
+    kueue.extra["runs"] = 2
+    assert "  Kueue's side ran 2 times: its recorder stopped early before" in render(
+        compare("s", kueue, _phalanx())
+    )
+    assert compare("s", kueue, _phalanx()).to_json()["kueue"]["runs"] == 2
