@@ -64,6 +64,7 @@ FRAMEWORKS = (
     "kubeflow.org/pytorchjob",
     "ray.io/rayjob",
     "ray.io/raycluster",
+    "trainer.kubeflow.org/trainjob",
 )
 """The ``integrations.frameworks`` names Phalanx integrates (a subset of Kueue's)."""
 PROCESS_SECTIONS = (

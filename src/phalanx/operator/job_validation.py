@@ -26,6 +26,7 @@ __all__ = [
     "validate_pytorchjob",
     "validate_raycluster",
     "validate_rayjob",
+    "validate_trainjob",
 ]
 
 _REQUIRED = "kueue.x-k8s.io/podset-required-topology"
@@ -178,7 +179,11 @@ def validate_jobset(
     """One message per problem with a queued JobSet, each starting with its field path: the
     queue name as for a Job, at most 8 replicated jobs (one pod set each), and each replicated
     job's pod template annotations as for a Job's (paths under
-    ``spec.replicatedJobs[i].template.spec.template``)."""
+    ``spec.replicatedJobs[i].template.spec.template``). A TrainJob's JobSet is the TrainJob's:
+    not checked."""
+    owners = (jobset.get("metadata") or {}).get("ownerReferences") or ()
+    if any(o.get("controller") and o.get("kind") == "TrainJob" for o in owners):
+        return []
     errors = [e.replace("the Job", "the JobSet") for e in _queue_name(jobset, old)]
     rjobs = list((jobset.get("spec") or {}).get("replicatedJobs") or ())
     if old is None and len(rjobs) > _MAX_POD_SETS:
@@ -302,6 +307,15 @@ def validate_rayjob(
         old_cluster = (old.get("spec") or {}).get("rayClusterSpec") or {}
     errors.extend(_ray_cluster(cluster, old_cluster, _RAY_CLUSTER, "RayJob"))
     return errors
+
+
+def validate_trainjob(
+    trainjob: Mapping[str, Any], *, old: Mapping[str, Any] | None = None
+) -> list[str]:
+    """One message per problem with a queued TrainJob, each starting with its field path: the
+    queue name as for a Job. Its pod templates are the runtime's: a problem in their
+    annotations is told when its Workload is made (an Event on the TrainJob)."""
+    return [e.replace("the Job", "the TrainJob") for e in _queue_name(trainjob, old)]
 
 
 def validate_raycluster(

@@ -38,6 +38,7 @@ __all__ = [
     "JobSetIntegration",
     "child_job_stopped",
     "jobset_finish",
+    "made_by_trainjob",
     "needs_workload",
     "pod_sets",
     "pods_per_replica",
@@ -52,6 +53,8 @@ API_VERSION = f"{GROUP}/v1alpha2"
 KIND = "JobSet"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 """The JobSet controller puts it on every child Job and pod."""
+TRAINJOB_KIND = "TrainJob"
+"""Kubeflow Trainer v2's kind, whose JobSets are its own (``phalanx.operator.trainjob``)."""
 MAX_POD_SETS = 8
 """A Workload holds at most 8 pod sets (Kueue's schema), so at most 8 replicated jobs."""
 
@@ -164,6 +167,12 @@ def pods_ready(obj: Mapping[str, Any]) -> bool:
     return done >= replicas
 
 
+def made_by_trainjob(obj: Mapping[str, Any]) -> bool:
+    """Whether a TrainJob made the JobSet (its controller owner): the TrainJob is queued."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(o.get("controller") and o.get("kind") == TRAINJOB_KIND for o in owners)
+
+
 def child_job_stopped(job: Mapping[str, Any]) -> bool:
     """A JobSet's child Job runs nothing: it ended, or it is suspended, the Job controller has
     seen that (``Suspended`` condition) and counts no active pod."""
@@ -216,6 +225,10 @@ class JobSetIntegration:
         )
 
     def queue_name(self, obj: Mapping[str, Any]) -> str | None:
+        """The queue label's value; None for a TrainJob's JobSet (which carries the labels of
+        the TrainJob's runtime: the TrainJob is what is queued)."""
+        if made_by_trainjob(obj):
+            return None
         return jobs.queue_name(obj)
 
     def workload_name(self, obj: Mapping[str, Any]) -> str:

@@ -6,17 +6,26 @@ component in ``manifests/components``."""
 
 from __future__ import annotations
 
-from phalanx.operator import jobset, pytorchjob, raycluster, rayjob
+from phalanx.operator import jobset, pytorchjob, raycluster, rayjob, trainjob
 from phalanx.operator.job_validation import (
     validate_jobset,
     validate_pytorchjob,
     validate_raycluster,
     validate_rayjob,
+    validate_trainjob,
 )
-from phalanx.operator.kindsync import ChildWatch, KindSpec
-from phalanx.operator.kube import JOBS, RAYCLUSTERS
+from phalanx.operator.kindsync import ChildWatch, KindSpec, SourceWatch
+from phalanx.operator.kube import JOBS, JOBSETS, RAYCLUSTERS
 
 __all__ = ["OWNED_KINDS", "by_framework"]
+
+_JOBSET_JOBS = ChildWatch(
+    state_kind="JobSetJob",
+    resource=JOBS,
+    owner_label=jobset.JOBSET_NAME_LABEL,
+    stopped=jobset.child_job_stopped,
+)
+"""A JobSet's child Jobs (a TrainJob's JobSet is named after it: its Jobs name the TrainJob)."""
 
 OWNED_KINDS: tuple[KindSpec, ...] = (
     KindSpec(
@@ -24,12 +33,7 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
         hold_at_creation={"spec": {"suspend": True}},
         validate=lambda obj, old: validate_jobset(obj, old=old),
         # The JobSet's own status may be stale: its child Jobs say whether pods still run.
-        child=ChildWatch(
-            state_kind="JobSetJob",
-            resource=JOBS,
-            owner_label=jobset.JOBSET_NAME_LABEL,
-            stopped=jobset.child_job_stopped,
-        ),
+        child=_JOBSET_JOBS,
     ),
     # The training-operator deletes a held job's pods itself: they are all it makes that runs.
     KindSpec(
@@ -47,6 +51,23 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
             resource=RAYCLUSTERS,
             owner_label=rayjob.ORIGIN_LABEL,
             stopped=rayjob.raycluster_stopped,
+        ),
+    ),
+    # The Trainer makes a JobSet of the TrainJob's name: its pod sets are read from it, and
+    # held, its Jobs say whether pods still run.
+    KindSpec(
+        trainjob.TRAINJOB,
+        hold_at_creation=trainjob.hold_patch,
+        validate=lambda obj, old: validate_trainjob(obj, old=old),
+        child=_JOBSET_JOBS,
+        source=SourceWatch(
+            state_kind="TrainJobSet",
+            resource=JOBSETS,
+            kind=jobset.KIND,
+            current=trainjob.jobset_is_current,
+            pod_sets=trainjob.pod_sets_from_jobset,
+            priority=trainjob.resolve_priority_from,
+            pods_ready=trainjob.pods_ready,
         ),
     ),
     # Suspended, KubeRay deletes the pods; they name the RayCluster (ray.io/cluster).

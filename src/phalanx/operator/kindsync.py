@@ -28,7 +28,7 @@ from phalanx.operator.retry import TRANSIENT_ERRORS
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter
 
-__all__ = ["ChildWatch", "KindController", "KindSpec"]
+__all__ = ["ChildWatch", "KindController", "KindSpec", "SourceWatch"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +47,41 @@ class ChildWatch:
 
 
 @dataclass(frozen=True)
+class SourceWatch:
+    """The object the kind's own controller derives from it, of the same namespace and name,
+    from which the Workload's pod sets are read (a TrainJob's JobSet: Kueue runs the Trainer's
+    runtime framework in its own process to compute them; the JobSet is its result)."""
+
+    state_kind: str
+    """The name the operator's state keeps them under (``TrainJobSet``)."""
+    resource: Resource
+    kind: str
+    """Its kind, as an Event names it."""
+    current: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    """(object, source): the source was made from the object as it is held now."""
+    pod_sets: Callable[[Mapping[str, Any], Mapping[str, Any]], list[dict[str, Any]]]
+    """(object, source): the Workload's pod sets; ``ValueError`` names the field and the fix."""
+    priority: Callable[..., integration.PriorityResolution]
+    """(object, pod sets, workload_priority_classes=, priority_classes=)."""
+    pods_ready: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True)
 class KindSpec:
     """One kind as the operator runs it: its rules, its webhooks and the children it watches."""
 
     rules: OwnedKind
-    hold_at_creation: Mapping[str, Any] | None = None
+    hold_at_creation: (
+        Mapping[str, Any] | Callable[[Mapping[str, Any]], Mapping[str, Any]] | None
+    ) = None
     """The merge patch the mutating webhook applies to a queued object at creation, so that
-    nothing of it runs before admission (``{"spec": {"suspend": True}}``)."""
+    nothing of it runs before admission (``{"spec": {"suspend": True}}``), or the function of
+    the object that makes it."""
     validate: Callable[[Mapping[str, Any], Mapping[str, Any] | None], list[str]] | None = None
     """The validating webhook's check of a queued object (``old`` on an update): one message
     per problem, each starting with its field path."""
     child: ChildWatch | None = None
+    source: SourceWatch | None = None
 
     @property
     def resource(self) -> Resource:
@@ -132,6 +156,8 @@ class KindController:
                 self.work.add(owner)
         elif kind == "Pod":
             self._track_pod(key, obj)
+        elif self.spec.source is not None and kind == self.spec.source.state_kind:
+            self.work.add(key)  # the object of the same namespace and name
 
         elif kind == "WorkloadPriorityClass" and obj is not None:
             for waiting in sorted(self._waiting_for_class.pop(key, ())):
@@ -242,22 +268,40 @@ class KindController:
         if not self.integration.suspended(obj):
             # Created while the webhook was unavailable: hold it before anything runs.
             await self._patch(obj, self.integration.suspend_patch(obj), "suspend")
+        source = self.spec.source
+        derived = None
+        if source is not None:
+            derived = self.state.get(source.state_kind, key)
+            if derived is None or not source.current(obj, derived):
+                await self._refuse(
+                    obj,
+                    f"WaitingFor{source.kind}",
+                    f"waiting for the {source.kind} {obj['metadata']['name']!r} that the"
+                    f" {self.kind}'s controller makes from it while it is held: the Workload's"
+                    f" pod sets are read from it",
+                    warning=False,
+                )
+                return
+        classes = {
+            "workload_priority_classes": {
+                n: int(o.get("value", 0))
+                for n, o in self.state.objects["WorkloadPriorityClass"].items()
+            },
+            "priority_classes": {
+                n: int(o.get("value", 0)) for n, o in self.state.objects["PriorityClass"].items()
+            },
+        }
         try:
-            priority = self.integration.resolve_priority(
-                obj,
-                workload_priority_classes={
-                    n: int(o.get("value", 0))
-                    for n, o in self.state.objects["WorkloadPriorityClass"].items()
-                },
-                priority_classes={
-                    n: int(o.get("value", 0))
-                    for n, o in self.state.objects["PriorityClass"].items()
-                },
-            )
+            if source is not None and derived is not None:
+                pod_sets = source.pod_sets(obj, derived)
+                priority = source.priority(obj, pod_sets, **classes)
+            else:
+                pod_sets = self.integration.pod_sets(obj)
+                priority = self.integration.resolve_priority(obj, **classes)
             body = integration.workload_manifest(
                 self.integration,
                 obj,
-                pod_sets=self.integration.pod_sets(obj),
+                pod_sets=pod_sets,
                 priority=priority.value,
                 priority_ref=priority.ref,
             )
@@ -338,7 +382,14 @@ class KindController:
 
     async def _sync_pods_ready(self, wl_key: str, obj: dict[str, Any]) -> None:
         workload = self.state.get("Workload", wl_key) or {}
-        await self.writer.pods_ready(wl_key, workload, ready=self.integration.pods_ready(obj))
+        source = self.spec.source
+        if source is None:
+            ready = self.integration.pods_ready(obj)
+        else:
+            key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+            derived = self.state.get(source.state_kind, key)
+            ready = derived is not None and source.pods_ready(obj, derived)
+        await self.writer.pods_ready(wl_key, workload, ready=ready)
 
     async def _patch(self, obj: dict[str, Any], patch: list[dict[str, Any]], verb: str) -> bool:
         metadata = obj["metadata"]

@@ -470,6 +470,7 @@ class PhalanxOperator:
         self._start_informer(WORKLOADS, "Workload")
         self._start_informer(JOBS, "Job", label_selector="kueue.x-k8s.io/queue-name")
         probe = AccessProbe(self.api.request, namespaces=self.config.namespaces)
+        watched: set[str] = set()
         for spec in OWNED_KINDS:
             if spec.rules.framework not in self.config.frameworks:
                 # Kueue sets up only the enabled integrations' controllers. The manifests
@@ -491,12 +492,17 @@ class PhalanxOperator:
                 label_selector="kueue.x-k8s.io/queue-name",
                 optional=True,
             )
-            if spec.child is not None:
+            if spec.child is not None and spec.child.state_kind not in watched:
+                watched.add(spec.child.state_kind)  # JobSet's and TrainJob's: one informer
                 self._start_informer(
                     spec.child.resource,
                     spec.child.state_kind,
                     label_selector=spec.child.owner_label,
                 )
+            if spec.source is not None:
+                # Every object of the source's kind: the ones the kind's controller makes
+                # carry no label of their own (a TrainJob's JobSet has its runtime's labels).
+                self._start_informer(spec.source.resource, spec.source.state_kind, optional=True)
         left_alone = list(UNSUPPORTED) if self.config.manage_jobs else []
         if self.config.manage_jobs and lws.FRAMEWORK not in self.config.frameworks:
             left_alone.append(LEADER_WORKER_SET)

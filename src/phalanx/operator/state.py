@@ -40,12 +40,15 @@ KINDS = (
     "RayJob",
     "RayJobCluster",
     "RayCluster",
+    "TrainJob",
+    "TrainJobSet",
     "Pod",
     "Node",
 )
 _NAMESPACED = frozenset(
     {"LocalQueue", "Workload", "Job", "JobSet", "JobSetJob", "Pod", "ProvisioningRequest"}
     | {"LeaderWorkerSet", "PyTorchJob", "RayJob", "RayJobCluster", "RayCluster"}
+    | {"TrainJob", "TrainJobSet"}
 )
 
 

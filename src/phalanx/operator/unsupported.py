@@ -1,7 +1,7 @@
-"""Queued objects of the kinds Kueue integrates and Phalanx does not (MPIJob, TFJob, TrainJob,
-AppWrapper, Deployment, ...): left alone, as Phalanx leaves every kind it does not manage, and
-told so by an ``IntegrationNotSupported`` Event, once per object, so that a team moving from
-Kueue learns why its labelled object runs unqueued instead of finding out from the bill.
+"""Queued objects of the kinds Kueue integrates and Phalanx does not (MPIJob, TFJob, AppWrapper,
+Deployment, ...): left alone, as Phalanx leaves every kind it does not manage, and told so by
+an ``IntegrationNotSupported`` Event, once per object, so that a team moving from Kueue learns
+why its labelled object runs unqueued instead of finding out from the bill.
 
 Watched only where the kind is served (its API group and resource are discovered at start) and
 this operator may list and watch it: the default install grants nothing on these kinds, so
@@ -50,9 +50,6 @@ UNSUPPORTED: tuple[UnsupportedKind, ...] = (
     UnsupportedKind("kubeflow.org/paddlejob", "kubeflow.org", "paddlejobs", "PaddleJob"),
     UnsupportedKind("kubeflow.org/xgboostjob", "kubeflow.org", "xgboostjobs", "XGBoostJob"),
     UnsupportedKind("kubeflow.org/jaxjob", "kubeflow.org", "jaxjobs", "JAXJob"),
-    UnsupportedKind(
-        "trainer.kubeflow.org/trainjob", "trainer.kubeflow.org", "trainjobs", "TrainJob"
-    ),
     UnsupportedKind(
         "workload.codeflare.dev/appwrapper", "workload.codeflare.dev", "appwrappers", "AppWrapper"
     ),

@@ -235,7 +235,7 @@ def _register_kind_webhooks(
         async def hold_object(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             # Only what the kind's rules queue (a RayJob on an existing cluster is not).
             if spec.rules.queue_name(body) is not None:
-                _merge(patch, hold)
+                _merge(patch, hold(body) if callable(hold) else hold)
 
     validate = spec.validate
     if validate is not None:

@@ -67,6 +67,16 @@ KINDS = [
         ],
     ),
     KindRbac(
+        "trainjob",
+        "trainer.kubeflow.org/trainjob",
+        [
+            _rule("trainer.kubeflow.org", "trainjobs", "list", "watch", "patch"),
+            _rule("trainer.kubeflow.org", "trainjobs/finalizers", "update"),
+            # The JobSet the Trainer makes: the TrainJob's pod sets are read from it.
+            _rule("jobset.x-k8s.io", "jobsets", "list", "watch"),
+        ],
+    ),
+    KindRbac(
         "lws",
         "leaderworkerset.x-k8s.io/leaderworkerset",
         [

@@ -1,0 +1,373 @@
+"""TrainJob integration rules (``phalanx.operator.trainjob``), pure, and the generic controller
+running them with the Trainer's JobSet as the source of the pod sets, against a scripted API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import jsonpatch
+from test_operator_jobsync_flow import ScriptedApi
+
+from phalanx.operator import integration, jobs
+from phalanx.operator import jobset as js
+from phalanx.operator import trainjob as tj
+from phalanx.operator.job_validation import validate_jobset, validate_trainjob
+from phalanx.operator.kinds import by_framework
+from phalanx.operator.kindsync import KindController
+from phalanx.operator.metrics import Metrics
+from phalanx.operator.state import ClusterState
+from phalanx.operator.writer import StatusWriter, WriteOutcome
+
+NS = "team-a"
+MANAGER = "kueue.x-k8s.io/manager"
+
+
+def a_trainjob(*, suspend: bool = True, patches: list[dict[str, Any]] | None = None):
+    spec: dict[str, Any] = {
+        "runtimeRef": {"name": "torch-distributed"},
+        "trainer": {"numNodes": 4},
+        "suspend": suspend,
+    }
+    if patches is not None:
+        spec["runtimePatches"] = patches
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {
+            "name": "llm",
+            "namespace": NS,
+            "uid": "tj-uid-1",
+            "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+        },
+        "spec": spec,
+    }
+
+
+def kueue_entry(**spec: Any) -> dict[str, Any]:
+    return {"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": spec}}}
+
+
+def the_jobset(*, suspend: bool = True, uid: str = "tj-uid-1", annotations=None):
+    """The JobSet the Trainer makes: named after the TrainJob, controlled by it."""
+    template = {
+        "metadata": {"annotations": dict(annotations or {})},
+        "spec": {
+            "priorityClassName": "high",
+            "containers": [{"name": "node", "resources": {"requests": {"nvidia.com/gpu": "8"}}}],
+        },
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "llm",
+            "namespace": NS,
+            "uid": "js-uid",
+            "ownerReferences": [
+                {"kind": "TrainJob", "name": "llm", "uid": uid, "controller": True},
+            ],
+        },
+        "spec": {
+            "suspend": suspend,
+            "replicatedJobs": [
+                {
+                    "name": "node",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {"parallelism": 4, "completions": 4, "template": template}
+                    },
+                }
+            ],
+        },
+    }
+
+
+def injection(**extra: Any) -> integration.FlavorInjection:
+    return integration.FlavorInjection(
+        pod_set="node",
+        count=4,
+        node_labels={"gpu": "h100"},
+        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        topology_gated=True,
+        **extra,
+    )
+
+
+def patched_jobs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    [entry] = [p for p in obj["spec"]["runtimePatches"] if p["manager"] == MANAGER]
+    return entry["trainingRuntimeSpec"]["template"]["spec"].get("replicatedJobs") or []
+
+
+# -- rules ----------------------------------------------------------------------------------------
+
+
+def test_workload_name_is_kueues() -> None:
+    assert tj.workload_name("llm", "tj-uid-1") == integration.kueue_workload_name(
+        prefix="trainjob", kind="TrainJob", group="trainer.kubeflow.org", name="llm", uid="tj-uid-1"
+    )
+    assert tj.workload_name("llm", "tj-uid-1").startswith("trainjob-llm-")
+
+
+def test_the_webhook_holds_it_and_appends_the_kueue_patch_keeping_the_others() -> None:
+    other = {"manager": "team.example/tuner", "trainingRuntimeSpec": {"template": {}}}
+    held = tj.hold_patch(a_trainjob(suspend=False, patches=[other]))
+    assert held == {"spec": {"suspend": True, "runtimePatches": [other, kueue_entry()]}}
+    # Already there (a re-sent request): not added twice.
+    again = tj.hold_patch(a_trainjob(patches=[kueue_entry()]))
+    assert again["spec"]["runtimePatches"] == [kueue_entry()]
+    assert tj.hold_patch(a_trainjob())["spec"]["runtimePatches"] == [kueue_entry()]
+
+
+def test_pod_sets_are_the_jobsets_one_per_replicated_job() -> None:
+    (pod_set,) = tj.pod_sets_from_jobset(a_trainjob(), the_jobset())
+    assert (pod_set["name"], pod_set["count"]) == ("node", 4)
+    assert pod_set["template"]["spec"]["containers"][0]["resources"]["requests"] == {
+        "nvidia.com/gpu": "8"
+    }
+
+
+def test_a_jobset_that_cannot_be_a_workload_names_the_runtime() -> None:
+    bad = the_jobset()
+    bad["spec"]["replicatedJobs"][0]["name"] = ""
+    try:
+        tj.pod_sets_from_jobset(a_trainjob(), bad)
+    except tj.InvalidTrainJob as error:
+        assert "runtime 'torch-distributed' (spec.runtimeRef)" in str(error)
+        assert "spec.replicatedJobs[0].name: empty" in str(error)
+    else:
+        raise AssertionError("an unnamed replicated job was accepted")
+
+
+def test_only_its_own_held_jobset_without_an_admission_gives_the_pod_sets() -> None:
+    trainjob = a_trainjob()
+    assert tj.jobset_is_current(trainjob, the_jobset())
+    assert not tj.jobset_is_current(trainjob, the_jobset(uid="another-trainjob"))
+    assert not tj.jobset_is_current(trainjob, the_jobset(suspend=False))
+    stale = the_jobset(annotations={jobs.WORKLOAD_ANNOTATION: "trainjob-llm-1a2b3"})
+    assert not tj.jobset_is_current(trainjob, stale)
+
+
+def test_priority_from_the_label_else_the_jobsets_templates() -> None:
+    pod_sets = tj.pod_sets_from_jobset(a_trainjob(), the_jobset())
+    by_class = tj.resolve_priority_from(
+        a_trainjob(), pod_sets, workload_priority_classes={}, priority_classes={"high": 900}
+    )
+    assert by_class.value == 900
+    labelled = a_trainjob()
+    labelled["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    by_label = tj.resolve_priority_from(
+        labelled, pod_sets, workload_priority_classes={"urgent": 5000}, priority_classes={}
+    )
+    assert by_label.value == 5000
+
+
+def test_start_writes_each_pod_sets_admission_into_the_kueue_patch_and_unsuspends() -> None:
+    obj = a_trainjob(patches=[{"manager": "other"}, kueue_entry()])
+    patch = tj.TRAINJOB.start_patch(
+        obj, workload_name="wl-1", injections={"node": injection(labels={"team": "a"})}
+    )
+    started = jsonpatch.apply_patch(obj, patch)
+    assert started["spec"]["suspend"] is False
+    assert started["spec"]["runtimePatches"][0] == {"manager": "other"}
+    [node] = patched_jobs(started)
+    assert node == {
+        "name": "node",
+        "template": {
+            "spec": {
+                "template": {
+                    "metadata": {
+                        "labels": {"team": "a", "kueue.x-k8s.io/podset": "node"},
+                        "annotations": {"kueue.x-k8s.io/workload": "wl-1"},
+                    },
+                    "spec": {
+                        "nodeSelector": {"gpu": "h100"},
+                        "tolerations": [
+                            {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+                        ],
+                        "schedulingGates": [{"name": "kueue.x-k8s.io/topology"}],
+                    },
+                }
+            }
+        },
+    }
+    assert tj.TRAINJOB.injected(started) and not tj.TRAINJOB.injected(obj)
+    # The entry is addressed by index behind a test of its manager.
+    assert {"op": "test", "path": "/spec/runtimePatches/1/manager", "value": MANAGER} in patch
+    moved = a_trainjob(patches=[kueue_entry(), {"manager": "other"}])
+    try:
+        jsonpatch.apply_patch(moved, patch)
+    except jsonpatch.JsonPatchTestFailed:
+        pass
+    else:
+        raise AssertionError("a patch for a moved entry was applied")
+
+
+def test_start_adds_the_kueue_patch_when_the_webhook_missed_it() -> None:
+    for obj in (a_trainjob(), a_trainjob(patches=[{"manager": "other"}])):
+        started = jsonpatch.apply_patch(
+            obj, tj.TRAINJOB.start_patch(obj, workload_name="w", injections={"node": injection()})
+        )
+        assert [p["name"] for p in patched_jobs(started)] == ["node"]
+    assert tj.TRAINJOB.start_patch(a_trainjob(), workload_name="w", injections={}) == []
+
+
+def test_restore_suspends_and_empties_the_kueue_patch() -> None:
+    obj = a_trainjob(suspend=False, patches=[kueue_entry(replicatedJobs=[{"name": "node"}])])
+    restored = jsonpatch.apply_patch(obj, tj.TRAINJOB.restore_patch(obj, pod_sets=[]))
+    assert restored["spec"]["suspend"] is True
+    assert restored["spec"]["runtimePatches"] == [kueue_entry()]
+    assert not tj.TRAINJOB.injected(restored)
+
+
+def test_suspend_also_adds_the_kueue_patch_when_missing() -> None:
+    obj = a_trainjob(suspend=False)
+    held = jsonpatch.apply_patch(obj, tj.TRAINJOB.suspend_patch(obj))
+    assert held["spec"] == {**obj["spec"], "suspend": True, "runtimePatches": [kueue_entry()]}
+
+
+def test_finished_from_the_trainjob_conditions_and_pods_ready_from_its_jobs() -> None:
+    obj = a_trainjob()
+    assert tj.trainjob_finish(obj) is None
+    obj["status"] = {"conditions": [{"type": "Complete", "status": "True", "message": "done"}]}
+    assert tj.trainjob_finish(obj) == integration.Finish(True, "Succeeded", "done")
+    obj["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    assert tj.trainjob_finish(obj) == integration.Finish(False, "Failed", "TrainJob failed")
+    jobset = the_jobset()
+    jobset["spec"]["replicatedJobs"].append({"name": "init", "replicas": 2})
+    obj["status"] = {"jobsStatus": [{"name": "node", "ready": 1}, {"name": "init", "ready": 1}]}
+    assert not tj.pods_ready(obj, jobset)
+    obj["status"]["jobsStatus"][1]["succeeded"] = 1
+    assert tj.pods_ready(obj, jobset)
+
+
+def test_a_trainjobs_jobset_is_not_queued_nor_checked_as_a_jobset() -> None:
+    jobset = the_jobset()
+    jobset["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lq"}  # runtime labels
+    assert js.JOBSET.queue_name(jobset) is None
+    jobset["spec"]["replicatedJobs"] *= 9  # more than 8 pod sets: the TrainJob's problem
+    assert validate_jobset(jobset) == []
+    del jobset["metadata"]["ownerReferences"]
+    assert js.JOBSET.queue_name(jobset) == "lq"
+    assert validate_jobset(jobset)
+
+
+def test_the_webhook_checks_the_queue_name() -> None:
+    obj = a_trainjob()
+    assert validate_trainjob(obj) == []
+    obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "Not_A_Queue"
+    (error,) = validate_trainjob(obj)
+    assert error.startswith("metadata.labels[kueue.x-k8s.io/queue-name]: 'Not_A_Queue'")
+    assert "of the TrainJob's namespace" in error
+
+
+# -- the controller against a scripted API --------------------------------------------------------
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.api = ScriptedApi()
+        self.state = ClusterState()
+        writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
+        writer.apply_status = self._apply_status  # type: ignore[method-assign]
+        self.events: list[str] = []
+
+        async def event(obj: Any, *, reason: str, message: str, warning: bool = True) -> None:
+            del obj, warning
+            self.events.append(f"{reason}: {message}")
+
+        writer.event = event  # type: ignore[method-assign]
+        self.ctl = KindController(
+            by_framework()[tj.FRAMEWORK],
+            self.api,  # type: ignore[arg-type]
+            self.state,
+            writer,
+            Metrics(),
+        )
+        obj = a_trainjob(patches=[kueue_entry()])
+        self.api.objects[("trainjobs", f"{NS}/llm")] = obj
+        self.state.apply("TrainJob", "ADDED", self.api._bump(obj))
+        self.state.apply(
+            "ResourceFlavor", None, {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {}}}
+        )
+
+    async def _apply_status(self, key: str, build: Any, *, verb: str) -> WriteOutcome:
+        del verb
+        current = self.state.get("Workload", key)
+        if current is None:
+            return WriteOutcome(ok=False, status=404)
+        status = build(current)
+        if status is not None:
+            wl = self.api.workload()
+            wl["status"] = {**(wl.get("status") or {}), **status}
+            self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
+        return WriteOutcome(ok=True)
+
+    def trainjob(self) -> dict[str, Any]:
+        return self.api.objects[("trainjobs", f"{NS}/llm")]
+
+    async def reconcile(self) -> None:
+        await self.ctl.reconcile(f"{NS}/llm")
+
+    def trainer_makes_the_jobset(self, **kwargs: Any) -> None:
+        self.state.apply("TrainJobSet", "ADDED", the_jobset(**kwargs))
+
+    def admit(self) -> None:
+        wl = self.api.workload()
+        wl["status"] = {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted"},
+            ],
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {"name": "node", "count": 4, "flavors": {"nvidia.com/gpu": "h100"}}
+                ],
+            },
+        }
+        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
+
+
+def test_the_workload_waits_for_the_trainers_jobset_then_runs_and_is_stopped_through_the_patch():
+    async def main() -> None:
+        h = Harness()
+        await h.reconcile()
+        assert h.api.creates == 0, "a Workload before the Trainer made the JobSet"
+        assert len(h.events) == 1 and h.events[0].startswith("WaitingForJobSet: waiting for")
+        await h.reconcile()
+        assert len(h.events) == 1, "the wait is told once per version of the TrainJob"
+        # A JobSet with an admission still in it (the Trainer has not rebuilt it): not read.
+        h.trainer_makes_the_jobset(annotations={jobs.WORKLOAD_ANNOTATION: "old"})
+        await h.reconcile()
+        assert h.api.creates == 0
+        h.trainer_makes_the_jobset()
+        await h.reconcile()
+        wl = h.api.workload()
+        assert wl["metadata"]["name"] == tj.workload_name("llm", "tj-uid-1")
+        assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("node", 4)]
+        assert wl["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
+        h.admit()
+        await h.reconcile()
+        assert h.trainjob()["spec"]["suspend"] is False
+        assert [p["name"] for p in patched_jobs(h.trainjob())] == ["node"]
+        # Evicted: held through spec.suspend, then the patch emptied.
+        wl = h.api.workload()
+        wl["status"]["conditions"].append(
+            {"type": "Evicted", "status": "True", "reason": "Preempted"}
+        )
+        h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
+        await h.reconcile()
+        assert h.trainjob()["spec"]["suspend"] is True and patched_jobs(h.trainjob())
+        await h.reconcile()
+        assert patched_jobs(h.trainjob()) == []
+        assert h.api.creates == 1
+        # Its pods name it by the JobSet's label: its quota waits for them.
+        pod = {"metadata": {"name": "p", "namespace": NS, "labels": {js.JOBSET_NAME_LABEL: "llm"}}}
+        h.state.apply("Pod", "ADDED", copy.deepcopy(pod))
+        assert not h.ctl.stopped(h.api.workload())
+        h.state.apply("Pod", "DELETED", pod)
+        assert h.ctl.stopped(h.api.workload())
+
+    asyncio.run(main())
