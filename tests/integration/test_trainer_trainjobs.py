@@ -25,6 +25,7 @@ from operator_fixtures import (
     flavor,
     get,
     get_list,
+    gpu_job,
     gpu_usage,
     is_true,
     local_queue,
@@ -43,15 +44,16 @@ POOL_LABEL = "phalanx.dev/test-pool"
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
 JOBSETS = "jobsets.jobset.x-k8s.io"
 RUNTIME = "phx-torch-queued"
+LONG_RUNTIME = "phx-torch-queued-20s"
 
 
-def a_runtime() -> dict[str, Any]:
+def a_runtime(name: str = RUNTIME, *, run_seconds: str = "3") -> dict[str, Any]:
     """A one-step torch runtime (the shape of the Trainer's torch-distributed one) whose pods
-    run 3 s on KWOK."""
+    run ``run_seconds`` on KWOK."""
     return {
         "apiVersion": rules.API_VERSION,
         "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {
@@ -68,7 +70,7 @@ def a_runtime() -> dict[str, Any]:
                                 "spec": {
                                     "template": {
                                         "metadata": {
-                                            "annotations": {"phalanx.dev/run-seconds": "3"}
+                                            "annotations": {"phalanx.dev/run-seconds": run_seconds}
                                         },
                                         "spec": {
                                             "containers": [
@@ -86,14 +88,19 @@ def a_runtime() -> dict[str, Any]:
     }
 
 
-def a_trainjob(name: str, *, nodes: int, gpus: int) -> dict[str, Any]:
+def a_trainjob(
+    name: str, *, nodes: int, gpus: int, runtime: str = RUNTIME, priority_class: str | None = None
+) -> dict[str, Any]:
     resources = {"cpu": "1", "nvidia.com/gpu": str(gpus)}
+    labels = {"kueue.x-k8s.io/queue-name": "lq"}
+    if priority_class:
+        labels["kueue.x-k8s.io/priority-class"] = priority_class
     return {
         "apiVersion": rules.API_VERSION,
         "kind": "TrainJob",
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "metadata": {"name": name, "labels": labels},
         "spec": {
-            "runtimeRef": {"name": RUNTIME},
+            "runtimeRef": {"name": runtime},
             "trainer": {
                 "numNodes": nodes,
                 "resourcesPerNode": {"requests": resources, "limits": resources},
@@ -150,10 +157,12 @@ def trainjob_operator(
             f"clusterqueue.kueue.x-k8s.io/{cq_name}",
             f"resourceflavor.kueue.x-k8s.io/{POOL}",
             f"clustertrainingruntime.trainer.kubeflow.org/{RUNTIME}",
+            f"clustertrainingruntime.trainer.kubeflow.org/{LONG_RUNTIME}",
         ]
         apply(
             cluster,
             a_runtime(),
+            a_runtime(LONG_RUNTIME, run_seconds="20"),
             flavor(POOL, pool=POOL),
             cluster_queue(cq_name, flavor_name=POOL, gpus=8),
         )
@@ -260,4 +269,104 @@ def test_a_trainjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and
     assert sorted(owners) == ["TrainJob", "TrainJob"], owners
     assert not is_true(workload_of(cluster, namespace, "big") or {}, "QuotaReserved")
     cluster.kubectl_ok("delete", TRAINJOBS, "big", "-n", namespace, "--wait=false")
+    wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
+
+
+def test_a_preempted_trainjob_is_suspended_its_patch_emptied_readmitted_and_completes(
+    cluster: ClusterHandle,
+    namespace: str,
+    trainjob_operator: tuple[str, OperatorProcess, Any],
+    cleanup: list[str],
+) -> None:
+    cq_name, _op, log = trainjob_operator
+    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
+    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    apply(
+        cluster,
+        *(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": n},
+                "value": v,
+            }
+            for n, v in ((low, 10), (high, 1000))
+        ),
+        cluster_queue(
+            cq_name, flavor_name=POOL, gpus=8, preemption={"withinClusterQueue": "LowerPriority"}
+        ),
+    )
+    apply(cluster, local_queue("lq", cluster_queue_name=cq_name), namespace=namespace)
+    # 20 s of work: long enough to be preempted while running, short enough once re-admitted.
+    apply(
+        cluster,
+        a_trainjob("low", nodes=2, gpus=4, runtime=LONG_RUNTIME, priority_class=low),
+        namespace=namespace,
+    )
+    wait_for(
+        "low's 2 pods running on the pool",
+        lambda: (
+            (ps := pods_of(cluster, namespace, "low"))
+            and len(ps) == 2
+            and all(p["spec"].get("nodeName", "").startswith(POOL) for p in ps)
+        ),
+        timeout=90,
+        log=log,
+    )
+    # A higher-priority Job of all 8 GPUs preempts it.
+    apply(
+        cluster,
+        gpu_job("urgent", queue="lq", gpus=8, run_seconds="8", priority_class=high),
+        namespace=namespace,
+    )
+    wait_for(
+        "low evicted (preempted)",
+        lambda: (
+            (w := workload_of(cluster, namespace, "low"))
+            and is_true(w, "Evicted")
+            and condition(w, "Preempted") is not None
+        ),
+        log=log,
+    )
+    wait_for(
+        "low suspended with its runtime patch emptied, its pods gone and urgent admitted",
+        lambda: (
+            (tj := get(cluster, TRAINJOBS, "low", namespace))["spec"]["suspend"] is True
+            and "replicatedJobs" not in kueue_patch(tj)["trainingRuntimeSpec"]["template"]["spec"]
+            and pods_of(cluster, namespace, "low") == []
+            and any(
+                is_true(w, "Admitted")
+                for w in get_list(cluster, "workloads.kueue.x-k8s.io", namespace)
+                if w["metadata"]["name"].startswith("job-urgent-")
+            )
+        ),
+        timeout=90,
+        log=log,
+    )
+    # The Trainer rebuilt the JobSet from the runtime as submitted: no admission in it.
+    jobset = get(cluster, JOBSETS, "low", namespace)
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert "kueue.x-k8s.io/workload" not in (template["metadata"].get("annotations") or {})
+    # urgent finishes; low is admitted again, resumed by the Trainer, completes.
+    wait_for(
+        "low re-admitted and running again",
+        lambda: (
+            (w := workload_of(cluster, namespace, "low"))
+            and is_true(w, "Admitted")
+            and not is_true(w, "Evicted")
+            and get(cluster, TRAINJOBS, "low", namespace)["spec"]["suspend"] is False
+            and len(pods_of(cluster, namespace, "low")) == 2
+        ),
+        timeout=120,
+        log=log,
+    )
+    wait_for(
+        "low Complete and its Workload Finished",
+        lambda: (
+            is_true(get(cluster, TRAINJOBS, "low", namespace), "Complete")
+            and is_true(workload_of(cluster, namespace, "low") or {}, "Finished")
+        ),
+        timeout=150,
+        log=log,
+    )
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
