@@ -3,8 +3,9 @@ with Kubeflow Trainer v2's real controller manager and JobSet's beside it: a lab
 is suspended at creation with the Kueue runtime patch; its Workload's pod sets are read from the
 JobSet the Trainer makes; it waits whole while quota is short with an explanation, is admitted
 whole through the runtime patch, its pods run on KWOK nodes of the admitted flavor, it
-completes, and the quota returns to zero. The operator enables the TrainJob integration only
-(not JobSet's): the Trainer's JobSet is not queued itself.
+completes, and the quota returns to zero. A preempted TrainJob is held, its runtime patch
+emptied, re-admitted, and completes. The operator enables the JobSet integration too and the
+runtime labels its JobSet with the queue name: the Trainer's JobSet is still not queued itself.
 
 Named to run late, as the trainer addon's own test (its build is among the last)."""
 
@@ -57,6 +58,9 @@ def a_runtime(name: str = RUNTIME, *, run_seconds: str = "3") -> dict[str, Any]:
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {
+                # The JobSet gets the runtime's labels: with this one it looks queued, and
+                # must still be left to its TrainJob by the JobSet integration.
+                "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "lq"}},
                 "spec": {
                     "replicatedJobs": [
                         {
@@ -82,7 +86,7 @@ def a_runtime(name: str = RUNTIME, *, run_seconds: str = "3") -> dict[str, Any]:
                             },
                         }
                     ]
-                }
+                },
             },
         },
     }
@@ -139,8 +143,8 @@ def trainjob_operator(
     tmp_path: Path,
     cleanup: list[str],
 ) -> Any:
-    """A ClusterQueue of 8 GPUs on a dedicated pool (two 8-GPU nodes), the runtime, and an
-    operator with the TrainJob integration enabled (not JobSet's)."""
+    """A ClusterQueue of 8 GPUs on a dedicated pool (two 8-GPU nodes), the runtimes, and an
+    operator with the TrainJob and JobSet integrations enabled."""
     cq_name = f"trainjobs-{int(time.time()) % 100000}"
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -148,7 +152,9 @@ def trainjob_operator(
             {
                 "apiVersion": "config.kueue.x-k8s.io/v1beta2",
                 "kind": "Configuration",
-                "integrations": {"frameworks": ["batch/job", rules.FRAMEWORK]},
+                "integrations": {
+                    "frameworks": ["batch/job", "jobset.x-k8s.io/jobset", rules.FRAMEWORK]
+                },
             }
         )
     )

@@ -68,7 +68,9 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
             pod_sets=trainjob.pod_sets_from_jobset,
             priority=trainjob.resolve_priority_from,
             pods_ready=trainjob.pods_ready,
+            held=lambda obj: bool((obj.get("spec") or {}).get("suspend")),
         ),
+        restore_when=lambda obj: not trainjob.active(obj),
     ),
     # Suspended, KubeRay deletes the pods; they name the RayCluster (ray.io/cluster).
     KindSpec(

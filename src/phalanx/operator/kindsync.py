@@ -64,6 +64,8 @@ class SourceWatch:
     priority: Callable[..., integration.PriorityResolution]
     """(object, pod sets, workload_priority_classes=, priority_classes=)."""
     pods_ready: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    held: Callable[[Mapping[str, Any]], bool]
+    """(source): it makes nothing (a JobSet with ``spec.suspend: true``)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class KindSpec:
     per problem, each starting with its field path."""
     child: ChildWatch | None = None
     source: SourceWatch | None = None
+    restore_when: Callable[[Mapping[str, Any]], bool] | None = None
+    """A held object's admission is taken out only once this holds of it (a TrainJob: none
+    of its Jobs active, which the Trainer's webhook requires to change its runtime patches);
+    its own status changes bring it back."""
 
     @property
     def resource(self) -> Resource:
@@ -204,6 +210,13 @@ class KindController:
             return True
         if not self.integration.suspended(obj) or self._pods_of.get(key):
             return False
+        source = self.spec.source
+        if source is not None:
+            # The kind's controller holds the source after the object: until then the source
+            # may still make children and pods.
+            derived = self.state.get(source.state_kind, key)
+            if derived is not None and not source.held(derived):
+                return False
         child = self.spec.child
         return child is None or all(child.stopped(c) for c in self._children(child, key))
 
@@ -260,9 +273,16 @@ class KindController:
                 logger.info("event=%s_suspended key=%s", self.kind.lower(), key)
         elif self.integration.injected(obj):
             pod_sets = (workload.get("spec") or {}).get("podSets") or []
-            patch = self.integration.restore_patch(obj, pod_sets=pod_sets)
-            if await self._patch(obj, patch, "restore"):
-                logger.info("event=%s_restored key=%s", self.kind.lower(), key)
+            await self._restore(key, obj, pod_sets)
+
+    async def _restore(self, key: str, obj: dict[str, Any], pod_sets: list[dict[str, Any]]) -> None:
+        """Take a held object's admission out (once its kind allows it)."""
+        restore_when = self.spec.restore_when
+        if restore_when is not None and not restore_when(obj):
+            return
+        patch = self.integration.restore_patch(obj, pod_sets=pod_sets)
+        if await self._patch(obj, patch, "restore"):
+            logger.info("event=%s_restored key=%s", self.kind.lower(), key)
 
     async def _create_workload(self, key: str, obj: dict[str, Any]) -> None:
         if not self.integration.suspended(obj):
@@ -271,6 +291,11 @@ class KindController:
         source = self.spec.source
         derived = None
         if source is not None:
+            if self.integration.suspended(obj) and self.integration.injected(obj):
+                # Its Workload was deleted while it ran: the source is rebuilt with the old
+                # admission until that is taken out (the pod sets need not be written back).
+                await self._restore(key, obj, [])
+                return
             derived = self.state.get(source.state_kind, key)
             if derived is None or not source.current(obj, derived):
                 await self._refuse(

@@ -40,6 +40,7 @@ __all__ = [
     "TRAINJOB",
     "InvalidTrainJob",
     "TrainJobIntegration",
+    "active",
     "hold_patch",
     "jobset_is_current",
     "kueue_patch_index",
@@ -152,6 +153,14 @@ def resolve_priority_from(
     )
 
 
+def active(obj: Mapping[str, Any]) -> bool:
+    """Whether one of its Jobs still has active pods (Kueue's ``IsActive``, from its status's
+    ``jobsStatus``). The Trainer's webhook refuses a change to the runtime patches while so."""
+    return any(
+        int(s.get("active") or 0) > 0 for s in (obj.get("status") or {}).get("jobsStatus") or ()
+    )
+
+
 def trainjob_finish(obj: Mapping[str, Any]) -> Finish | None:
     """The TrainJob's end: its ``Complete`` or ``Failed`` condition, once true."""
     return finish_from_conditions(
@@ -202,7 +211,13 @@ def _kueue_patch_ops(
     index = kueue_patch_index(obj)
     if index is None:
         if _spec(obj).get("runtimePatches") is None:
-            return [{"op": "add", "path": "/spec/runtimePatches", "value": [value]}]
+            # The whole list is written: refused if the TrainJob changed since it was read.
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+            return [
+                *(guard if version else []),
+                {"op": "add", "path": "/spec/runtimePatches", "value": [value]},
+            ]
         return [{"op": "add", "path": "/spec/runtimePatches/-", "value": value}]
     path = f"/spec/runtimePatches/{index}"
     return [
@@ -272,10 +287,10 @@ class TrainJobIntegration:
         return bool(_spec(obj).get("suspend"))
 
     def suspend_patch(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
-        ops = [{"op": "add", "path": "/spec/suspend", "value": True}]
-        if kueue_patch_index(obj) is None:
-            ops.extend(_kueue_patch_ops(obj, []))
-        return ops
+        """Only ``spec.suspend``: the Trainer's webhook refuses a change to the runtime patches
+        while its JobSet runs (a TrainJob created without the webhook gets the Kueue patch at
+        admission)."""
+        return [{"op": "add", "path": "/spec/suspend", "value": True}]
 
     def start_patch(
         self,

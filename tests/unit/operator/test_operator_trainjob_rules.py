@@ -221,10 +221,35 @@ def test_restore_suspends_and_empties_the_kueue_patch() -> None:
     assert not tj.TRAINJOB.injected(restored)
 
 
-def test_suspend_also_adds_the_kueue_patch_when_missing() -> None:
+def test_suspend_writes_only_spec_suspend() -> None:
+    """The Trainer's webhook refuses a runtime patch change while the JobSet runs: a TrainJob
+    created without the webhook is held first, and gets the Kueue patch at admission."""
     obj = a_trainjob(suspend=False)
-    held = jsonpatch.apply_patch(obj, tj.TRAINJOB.suspend_patch(obj))
-    assert held["spec"] == {**obj["spec"], "suspend": True, "runtimePatches": [kueue_entry()]}
+    assert tj.TRAINJOB.suspend_patch(obj) == [{"op": "add", "path": "/spec/suspend", "value": True}]
+
+
+def test_writing_the_whole_patch_list_is_guarded_by_the_version_read() -> None:
+    obj = a_trainjob()
+    obj["metadata"]["resourceVersion"] = "41"
+    patch = tj.TRAINJOB.start_patch(obj, workload_name="w", injections={"node": injection()})
+    assert patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["resourceVersion"] = "42"
+    try:
+        jsonpatch.apply_patch(changed, patch)
+    except jsonpatch.JsonPatchTestFailed:
+        pass
+    else:
+        raise AssertionError("the whole list was written over a newer version")
+
+
+def test_active_from_its_jobs_status() -> None:
+    obj = a_trainjob()
+    assert not tj.active(obj)
+    obj["status"] = {"jobsStatus": [{"name": "node", "active": 0, "succeeded": 2}]}
+    assert not tj.active(obj)
+    obj["status"]["jobsStatus"].append({"name": "init", "active": 1})
+    assert tj.active(obj)
 
 
 def test_finished_from_the_trainjob_conditions_and_pods_ready_from_its_jobs() -> None:
@@ -313,6 +338,11 @@ class Harness:
     def trainer_makes_the_jobset(self, **kwargs: Any) -> None:
         self.state.apply("TrainJobSet", "ADDED", the_jobset(**kwargs))
 
+    def trainer_reports(self, *, active: int) -> None:
+        obj = self.trainjob()
+        obj["status"] = {"jobsStatus": [{"name": "node", "active": active}]}
+        self.state.apply("TrainJob", "MODIFIED", self.api._bump(obj))
+
     def admit(self) -> None:
         wl = self.api.workload()
         wl["status"] = {
@@ -360,14 +390,51 @@ def test_the_workload_waits_for_the_trainers_jobset_then_runs_and_is_stopped_thr
         h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
         await h.reconcile()
         assert h.trainjob()["spec"]["suspend"] is True and patched_jobs(h.trainjob())
+        # Its Jobs still active: the patch waits (the Trainer's webhook would refuse it).
+        h.trainer_reports(active=2)
+        await h.reconcile()
+        assert patched_jobs(h.trainjob())
+        h.trainer_reports(active=0)
         await h.reconcile()
         assert patched_jobs(h.trainjob()) == []
         assert h.api.creates == 1
+        # The Trainer has not held the JobSet yet: it may still make pods, the quota waits.
+        h.trainer_makes_the_jobset(suspend=False)
+        assert not h.ctl.stopped(h.api.workload())
+        h.trainer_makes_the_jobset()
         # Its pods name it by the JobSet's label: its quota waits for them.
         pod = {"metadata": {"name": "p", "namespace": NS, "labels": {js.JOBSET_NAME_LABEL: "llm"}}}
         h.state.apply("Pod", "ADDED", copy.deepcopy(pod))
         assert not h.ctl.stopped(h.api.workload())
         h.state.apply("Pod", "DELETED", pod)
         assert h.ctl.stopped(h.api.workload())
+
+    asyncio.run(main())
+
+
+def test_a_workload_deleted_while_it_ran_is_made_again_once_the_admission_is_taken_out():
+    """Its JobSet keeps the old admission until the runtime patch is emptied: that comes first,
+    then a Workload from the rebuilt JobSet."""
+
+    async def main() -> None:
+        h = Harness()
+        h.trainer_makes_the_jobset()
+        await h.reconcile()
+        h.admit()
+        await h.reconcile()
+        assert h.trainjob()["spec"]["suspend"] is False
+        h.trainer_makes_the_jobset(annotations={jobs.WORKLOAD_ANNOTATION: "wl"}, suspend=False)
+        wl = h.api.workload()
+        del h.api.objects[("workloads", f"{NS}/{wl['metadata']['name']}")]
+        h.state.apply("Workload", "DELETED", wl)
+        await h.reconcile()  # held first
+        assert h.trainjob()["spec"]["suspend"] is True and patched_jobs(h.trainjob())
+        await h.reconcile()  # then the admission out
+        assert patched_jobs(h.trainjob()) == [] and h.api.creates == 1
+        await h.reconcile()  # the JobSet still has the old admission: no Workload from it
+        assert h.api.creates == 1
+        h.trainer_makes_the_jobset()
+        await h.reconcile()
+        assert h.api.creates == 2
 
     asyncio.run(main())
