@@ -31,6 +31,7 @@ __all__ = [
     "Integration",
     "OwnedKind",
     "PriorityResolution",
+    "controlled_by",
     "disabled_message",
     "finish_from_conditions",
     "injections",
@@ -109,6 +110,15 @@ def finish_from_conditions(
         if condition.get("type") == failed:
             return Finish(False, "Failed", condition.get("message") or f"{kind} failed")
     return None
+
+
+def controlled_by(obj: Mapping[str, Any], kind: str, *, uid: str | None = None) -> bool:
+    """Whether an object of ``kind`` (with ``uid``, when given) is the object's controller
+    owner: a RayJob's RayCluster, a TrainJob's JobSet. The owner is what is queued."""
+    return any(
+        o.get("controller") and o.get("kind") == kind and (uid is None or o.get("uid") == uid)
+        for o in (obj.get("metadata") or {}).get("ownerReferences") or ()
+    )
 
 
 SUSPEND_PATCH: tuple[dict[str, Any], ...] = ({"op": "add", "path": "/spec/suspend", "value": True},)

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from phalanx.api.fields import DNS_SUBDOMAIN_PATTERN
 from phalanx.api.label_rules import is_qualified_name
+from phalanx.operator.integration import controlled_by
 from phalanx.operator.jobs import JOB_MIN_PARALLELISM_ANNOTATION, QUEUE_LABEL
 
 __all__ = [
@@ -181,8 +182,7 @@ def validate_jobset(
     job's pod template annotations as for a Job's (paths under
     ``spec.replicatedJobs[i].template.spec.template``). A TrainJob's JobSet is the TrainJob's:
     not checked."""
-    owners = (jobset.get("metadata") or {}).get("ownerReferences") or ()
-    if any(o.get("controller") and o.get("kind") == "TrainJob" for o in owners):
+    if controlled_by(jobset, "TrainJob"):
         return []
     errors = [e.replace("the Job", "the JobSet") for e in _queue_name(jobset, old)]
     rjobs = list((jobset.get("spec") or {}).get("replicatedJobs") or ())
@@ -325,8 +325,7 @@ def validate_raycluster(
     as Kueue's RayCluster webhook checks it: the queue name as for a Job, without the
     autoscaler, at most 8 pod sets, no worker group named ``head``, each group's pod template
     annotations as for a Job's. A RayJob's RayCluster is the RayJob's: not checked."""
-    owners = (raycluster.get("metadata") or {}).get("ownerReferences") or ()
-    if any(o.get("controller") and o.get("kind") == "RayJob" for o in owners):
+    if controlled_by(raycluster, "RayJob"):
         return []
     errors = [e.replace("the Job", "the RayCluster") for e in _queue_name(raycluster, old)]
     old_spec = ((old or {}).get("spec") or {}) if old is not None else None

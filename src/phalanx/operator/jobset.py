@@ -43,6 +43,7 @@ __all__ = [
     "pod_sets",
     "pods_per_replica",
     "pods_ready",
+    "replicas",
     "resolve_priority",
     "workload_name",
 ]
@@ -157,20 +158,23 @@ def needs_workload(obj: Mapping[str, Any]) -> bool:
     return jobset_finish(obj) is None
 
 
+def replicas(obj: Mapping[str, Any]) -> int:
+    """The child Jobs a JobSet runs: its replicated jobs' replicas (default 1 each)."""
+    return sum(_replicas(r) for r in _replicated_jobs(obj))
+
+
 def pods_ready(obj: Mapping[str, Any]) -> bool:
     """Kueue's PodsReady for a JobSet: as many child Jobs ready or succeeded as replicas."""
-    replicas = sum(_replicas(r) for r in _replicated_jobs(obj))
     done = sum(
         int(s.get("ready") or 0) + int(s.get("succeeded") or 0)
         for s in (obj.get("status") or {}).get("replicatedJobsStatus") or ()
     )
-    return done >= replicas
+    return done >= replicas(obj)
 
 
 def made_by_trainjob(obj: Mapping[str, Any]) -> bool:
     """Whether a TrainJob made the JobSet (its controller owner): the TrainJob is queued."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return any(o.get("controller") and o.get("kind") == TRAINJOB_KIND for o in owners)
+    return integration.controlled_by(obj, TRAINJOB_KIND)
 
 
 def child_job_stopped(job: Mapping[str, Any]) -> bool:

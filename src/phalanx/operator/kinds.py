@@ -68,7 +68,7 @@ OWNED_KINDS: tuple[KindSpec, ...] = (
             pod_sets=trainjob.pod_sets_from_jobset,
             priority=trainjob.resolve_priority_from,
             pods_ready=trainjob.pods_ready,
-            held=lambda obj: bool((obj.get("spec") or {}).get("suspend")),
+            held=jobset.JOBSET.suspended,
         ),
         restore_when=lambda obj: not trainjob.active(obj),
     ),

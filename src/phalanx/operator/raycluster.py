@@ -55,8 +55,7 @@ def workload_name(name: str, uid: str) -> str:
 
 def owned_by_rayjob(obj: Mapping[str, Any]) -> bool:
     """Whether a RayJob made the RayCluster (its controller owner): the RayJob is queued."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return any(o.get("controller") and o.get("kind") == rayjob.KIND for o in owners)
+    return integration.controlled_by(obj, rayjob.KIND)
 
 
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -102,11 +102,7 @@ def hold_patch(obj: Mapping[str, Any]) -> dict[str, Any]:
 def owns_jobset(trainjob: Mapping[str, Any], js: Mapping[str, Any]) -> bool:
     """Whether the JobSet is the one the Trainer made for this TrainJob (its controller owner,
     by UID)."""
-    uid = (trainjob.get("metadata") or {}).get("uid")
-    owners = (js.get("metadata") or {}).get("ownerReferences") or ()
-    return any(
-        o.get("controller") and o.get("kind") == KIND and o.get("uid") == uid for o in owners
-    )
+    return integration.controlled_by(js, KIND, uid=(trainjob.get("metadata") or {}).get("uid"))
 
 
 def jobset_is_current(trainjob: Mapping[str, Any], js: Mapping[str, Any]) -> bool:
@@ -171,10 +167,7 @@ def trainjob_finish(obj: Mapping[str, Any]) -> Finish | None:
 def pods_ready(obj: Mapping[str, Any], js: Mapping[str, Any]) -> bool:
     """Kueue's PodsReady for a TrainJob: as many of its Jobs ready or succeeded (its status's
     ``jobsStatus``) as its JobSet has replicas."""
-    replicas = sum(
-        1 if r.get("replicas") is None else int(r["replicas"])
-        for r in (js.get("spec") or {}).get("replicatedJobs") or ()
-    )
+    replicas = jobset.replicas(js)
     done = sum(
         int(s.get("ready") or 0) + int(s.get("succeeded") or 0)
         for s in (obj.get("status") or {}).get("jobsStatus") or ()
