@@ -12,17 +12,12 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from test_operator_jobsync_flow import ScriptedApi
+from kind_harness import KindHarness
 
 from phalanx.operator import integration, jobs
 from phalanx.operator import jobset as js
 from phalanx.operator.job_validation import validate_jobset
-from phalanx.operator.kinds import by_framework
-from phalanx.operator.kindsync import KindController
 from phalanx.operator.kube import JOBSETS
-from phalanx.operator.metrics import Metrics
-from phalanx.operator.state import ClusterState
-from phalanx.operator.writer import StatusWriter, WriteOutcome
 
 NS = "team-a"
 
@@ -300,75 +295,19 @@ def test_the_webhook_checks_queue_name_replicated_jobs_and_topology_annotations(
 # -- the controller against a scripted API --------------------------------------------------------
 
 
-class Harness:
+class Harness(KindHarness):
     def __init__(self, *, enabled: bool = True) -> None:
-        self.api = ScriptedApi()
-        self.state = ClusterState()
-        writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
-        writer.apply_status = self._apply_status  # type: ignore[method-assign]
-        self.ctl = KindController(
-            by_framework()[js.FRAMEWORK],
-            self.api,  # type: ignore[arg-type]
-            self.state,
-            writer,
-            Metrics(),
+        super().__init__(
+            framework=js.FRAMEWORK,
+            plural="jobsets",
+            state_kind="JobSet",
+            obj=a_jobset(),
+            assignments=[
+                ("driver", 1, {"cpu": "cpu"}),
+                ("workers", 8, {"nvidia.com/gpu": "h100"}),
+            ],
             enabled=enabled,
         )
-        obj = a_jobset()
-        self.api.objects[("jobsets", f"{NS}/trainer")] = obj
-        self.state.apply("JobSet", "ADDED", self.api._bump(obj))
-        for name, labels in (("h100", {"gpu": "h100"}), ("cpu", {"pool": "cpu"})):
-            self.state.apply(
-                "ResourceFlavor", None, {"metadata": {"name": name}, "spec": {"nodeLabels": labels}}
-            )
-
-    async def _apply_status(self, key: str, build: Any, *, verb: str) -> WriteOutcome:
-        """The writer's status apply, on the scripted Workload (its merge is tested apart)."""
-        del verb
-        current = self.state.get("Workload", key)
-        if current is None:
-            return WriteOutcome(ok=False, status=404)
-        status = build(current)
-        if status is not None:
-            wl = self.api.workload()
-            wl["status"] = {**(wl.get("status") or {}), **status}
-            self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-        return WriteOutcome(ok=True)
-
-    def jobset(self) -> dict[str, Any]:
-        return self.api.objects[("jobsets", f"{NS}/trainer")]
-
-    async def reconcile(self) -> None:
-        await self.ctl.reconcile(f"{NS}/trainer")
-
-    def admit(self) -> None:
-        wl = self.api.workload()
-        wl["status"] = {
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted"},
-            ],
-            "admission": {
-                "clusterQueue": "cq",
-                "podSetAssignments": [
-                    {"name": "driver", "count": 1, "flavors": {"cpu": "cpu"}},
-                    {"name": "workers", "count": 8, "flavors": {"nvidia.com/gpu": "h100"}},
-                ],
-            },
-        }
-        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-
-    def jobset_controller_writes(self, **status: Any) -> None:
-        obj = self.jobset()
-        obj["status"] = {**(obj.get("status") or {}), **status}
-        self.state.apply("JobSet", "MODIFIED", self.api._bump(obj))
-
-    def evict(self) -> None:
-        wl = self.api.workload()
-        wl["status"]["conditions"].append(
-            {"type": "Evicted", "status": "True", "reason": "Preempted"}
-        )
-        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
 
     def child_job(self, name: str, *, suspend: bool, active: int, suspended: bool) -> None:
         self.state.apply(
@@ -414,10 +353,10 @@ def test_a_queued_jobset_is_admitted_whole_preempted_restored_readmitted_and_fin
             ("workers", 8),
         ]
         await h.reconcile()  # waits, suspended, until admitted
-        assert h.jobset()["spec"]["suspend"] is True and h.api.creates == 1
+        assert h.obj()["spec"]["suspend"] is True and h.api.creates == 1
         h.admit()
         await h.reconcile()
-        started = h.jobset()
+        started = h.obj()
         assert started["spec"]["suspend"] is False
         driver, workers = (
             r["template"]["spec"]["template"]["spec"] for r in started["spec"]["replicatedJobs"]
@@ -426,7 +365,7 @@ def test_a_queued_jobset_is_admitted_whole_preempted_restored_readmitted_and_fin
         assert workers["nodeSelector"] == {"gpu": "h100"}
         # Running: PodsReady follows the JobSet's replicated job statuses.
         h.pod("trainer-workers-0-0-x")
-        h.jobset_controller_writes(
+        h.its_controller_writes(
             replicatedJobsStatus=[{"name": "driver", "ready": 1}, {"name": "workers", "ready": 2}]
         )
         await h.reconcile()
@@ -437,15 +376,15 @@ def test_a_queued_jobset_is_admitted_whole_preempted_restored_readmitted_and_fin
         wl_now = h.api.workload()
         assert not h.ctl.stopped(wl_now), "a running JobSet is not stopped"
         await h.reconcile()
-        assert h.jobset()["spec"]["suspend"] is True
-        assert js.JOBSET.injected(h.jobset())
+        assert h.obj()["spec"]["suspend"] is True
+        assert js.JOBSET.injected(h.obj())
         await h.reconcile()
-        restored = h.jobset()
+        restored = h.obj()
         assert not js.JOBSET.injected(restored)
         assert restored["spec"]["replicatedJobs"] == a_jobset()["spec"]["replicatedJobs"]
         # Released only once every child Job is suspended with no active pod, and no pod is
         # left, whatever the JobSet's own (possibly stale) Suspended condition says.
-        h.jobset_controller_writes(conditions=[{"type": "Suspended", "status": "True"}])
+        h.its_controller_writes(conditions=[{"type": "Suspended", "status": "True"}])
         h.child_job("trainer-workers-0", suspend=False, active=1, suspended=False)
         assert not h.ctl.stopped(wl_now), "a child Job still runs"
         h.child_job("trainer-workers-0", suspend=True, active=1, suspended=False)
@@ -462,8 +401,8 @@ def test_a_queued_jobset_is_admitted_whole_preempted_restored_readmitted_and_fin
         h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
         h.admit()
         await h.reconcile()
-        assert h.jobset()["spec"]["suspend"] is False
-        h.jobset_controller_writes(
+        assert h.obj()["spec"]["suspend"] is False
+        h.its_controller_writes(
             conditions=[{"type": "Completed", "status": "True", "message": "jobset completed"}]
         )
         await h.reconcile()
@@ -477,11 +416,11 @@ def test_a_queued_jobset_is_admitted_whole_preempted_restored_readmitted_and_fin
 def test_a_jobset_created_unsuspended_is_suspended_before_its_workload() -> None:
     async def main() -> None:
         h = Harness()
-        obj = h.jobset()
+        obj = h.obj()
         obj["spec"]["suspend"] = False
         h.state.apply("JobSet", "MODIFIED", h.api._bump(obj))
         await h.reconcile()
-        assert h.jobset()["spec"]["suspend"] is True
+        assert h.obj()["spec"]["suspend"] is True
         assert h.api.creates == 1
 
     asyncio.run(main())
@@ -490,12 +429,12 @@ def test_a_jobset_created_unsuspended_is_suspended_before_its_workload() -> None
 def test_a_disabled_jobset_integration_leaves_a_queued_jobset_alone_with_one_event() -> None:
     async def main() -> None:
         h = Harness(enabled=False)
-        obj = h.jobset()
+        obj = h.obj()
         obj["spec"]["suspend"] = False
         h.state.apply("JobSet", "MODIFIED", h.api._bump(obj))
         await h.reconcile()
         await h.reconcile()
-        assert h.jobset()["spec"]["suspend"] is False
+        assert h.obj()["spec"]["suspend"] is False
         assert not [k for (kind, k) in h.api.objects if kind == "workloads"]
         events = [o for (kind, _), o in h.api.objects.items() if kind == "events"]
         assert len(events) == 1
@@ -510,7 +449,7 @@ def test_a_disabled_jobset_integration_leaves_a_queued_jobset_alone_with_one_eve
 def test_an_invalid_jobset_is_told_on_the_jobset() -> None:
     async def main() -> None:
         h = Harness()
-        obj = h.jobset()
+        obj = h.obj()
         obj["spec"]["replicatedJobs"] = [rjob(f"r{i}") for i in range(9)]
         h.state.apply("JobSet", "MODIFIED", h.api._bump(obj))
         await h.reconcile()

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from test_operator_jobsync_flow import ScriptedApi
+from kind_harness import KindHarness
 from test_operator_ungate import ScriptedPods
 
 from phalanx.operator import integration, jobs
@@ -22,11 +22,9 @@ from phalanx.operator import pytorchjob as pt
 from phalanx.operator.configfile import FRAMEWORKS
 from phalanx.operator.job_validation import validate_pytorchjob
 from phalanx.operator.kinds import by_framework
-from phalanx.operator.kindsync import KindController
 from phalanx.operator.metrics import Metrics
 from phalanx.operator.state import ClusterState
 from phalanx.operator.ungate import GateRemover
-from phalanx.operator.writer import StatusWriter, WriteOutcome
 from phalanx.placement import encode_topology_assignment
 
 NS = "team-a"
@@ -301,66 +299,18 @@ def test_the_webhook_checks_queue_name_and_each_replica_types_topology_annotatio
 # -- the generic controller, for PyTorchJobs, against a scripted API ----------------------------
 
 
-class Harness:
+class Harness(KindHarness):
     def __init__(self) -> None:
-        self.api = ScriptedApi()
-        self.state = ClusterState()
-        writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
-        writer.apply_status = self._apply_status  # type: ignore[method-assign]
-        self.ctl = KindController(
-            by_framework()[pt.FRAMEWORK],
-            self.api,  # type: ignore[arg-type]
-            self.state,
-            writer,
-            Metrics(),
-        )
-        obj = a_pytorchjob()
-        self.api.objects[("pytorchjobs", f"{NS}/trainer")] = obj
-        self.state.apply("PyTorchJob", "ADDED", self.api._bump(obj))
-        for name, labels in (("h100", {"gpu": "h100"}), ("cpu", {"pool": "cpu"})):
-            self.state.apply(
-                "ResourceFlavor", None, {"metadata": {"name": name}, "spec": {"nodeLabels": labels}}
-            )
-
-    async def _apply_status(self, key: str, build: Any, *, verb: str) -> WriteOutcome:
-        del verb
-        current = self.state.get("Workload", key)
-        if current is None:
-            return WriteOutcome(ok=False, status=404)
-        status = build(current)
-        if status is not None:
-            wl = self.api.workload()
-            wl["status"] = {**(wl.get("status") or {}), **status}
-            self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-        return WriteOutcome(ok=True)
-
-    def job(self) -> dict[str, Any]:
-        return self.api.objects[("pytorchjobs", f"{NS}/trainer")]
-
-    async def reconcile(self) -> None:
-        await self.ctl.reconcile(f"{NS}/trainer")
-
-    def admit(self) -> None:
-        wl = self.api.workload()
-        wl["status"] = {
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted"},
+        super().__init__(
+            framework=pt.FRAMEWORK,
+            plural="pytorchjobs",
+            state_kind="PyTorchJob",
+            obj=a_pytorchjob(),
+            assignments=[
+                ("master", 1, {"cpu": "cpu"}),
+                ("worker", 3, {"nvidia.com/gpu": "h100"}),
             ],
-            "admission": {
-                "clusterQueue": "cq",
-                "podSetAssignments": [
-                    {"name": "master", "count": 1, "flavors": {"cpu": "cpu"}},
-                    {"name": "worker", "count": 3, "flavors": {"nvidia.com/gpu": "h100"}},
-                ],
-            },
-        }
-        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-
-    def operator_writes(self, **status: Any) -> None:
-        obj = self.job()
-        obj["status"] = {**(obj.get("status") or {}), **status}
-        self.state.apply("PyTorchJob", "MODIFIED", self.api._bump(obj))
+        )
 
     def pod(self, name: str, *, deleted: bool = False) -> None:
         labels = {pt.JOB_NAME_LABEL: "trainer"}
@@ -379,30 +329,26 @@ def test_a_queued_pytorchjob_is_admitted_whole_preempted_restored_and_finished()
             ("worker", 3),
         ]
         await h.reconcile()
-        assert h.job()["spec"]["runPolicy"]["suspend"] is True and h.api.creates == 1
+        assert h.obj()["spec"]["runPolicy"]["suspend"] is True and h.api.creates == 1
         h.admit()
         await h.reconcile()
-        specs = h.job()["spec"]["pytorchReplicaSpecs"]
-        assert h.job()["spec"]["runPolicy"]["suspend"] is False
+        specs = h.obj()["spec"]["pytorchReplicaSpecs"]
+        assert h.obj()["spec"]["runPolicy"]["suspend"] is False
         assert specs["Master"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
         assert specs["Worker"]["template"]["spec"]["nodeSelector"] == {"gpu": "h100"}
         h.pod("trainer-worker-0")
-        h.operator_writes(conditions=[{"type": "Running", "status": "True"}])
+        h.its_controller_writes(conditions=[{"type": "Running", "status": "True"}])
         await h.reconcile()
         conds = {c["type"]: c["status"] for c in h.api.workload()["status"]["conditions"]}
         assert conds["PodsReady"] == "True"
         # Preempted: held through spec.runPolicy.suspend, then the templates put back.
-        wl = h.api.workload()
-        wl["status"]["conditions"].append(
-            {"type": "Evicted", "status": "True", "reason": "Preempted"}
-        )
-        h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
+        wl = h.evict()
         assert not h.ctl.stopped(wl), "a running PyTorchJob is not stopped"
         await h.reconcile()
-        assert h.job()["spec"]["runPolicy"]["suspend"] is True
+        assert h.obj()["spec"]["runPolicy"]["suspend"] is True
         assert not h.ctl.stopped(wl), "its pod is left"
         await h.reconcile()
-        restored = h.job()
+        restored = h.obj()
         assert not pt.PYTORCHJOB.injected(restored)
         assert (
             restored["spec"]["pytorchReplicaSpecs"] == a_pytorchjob()["spec"]["pytorchReplicaSpecs"]
@@ -416,8 +362,10 @@ def test_a_queued_pytorchjob_is_admitted_whole_preempted_restored_and_finished()
         h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
         h.admit()
         await h.reconcile()
-        assert h.job()["spec"]["runPolicy"]["suspend"] is False
-        h.operator_writes(conditions=[{"type": "Succeeded", "status": "True", "message": "done"}])
+        assert h.obj()["spec"]["runPolicy"]["suspend"] is False
+        h.its_controller_writes(
+            conditions=[{"type": "Succeeded", "status": "True", "message": "done"}]
+        )
         await h.reconcile()
         finished = {c["type"]: c for c in h.api.workload()["status"]["conditions"]}
         assert finished["Finished"]["status"] == "True"
@@ -429,11 +377,11 @@ def test_a_queued_pytorchjob_is_admitted_whole_preempted_restored_and_finished()
 def test_a_pytorchjob_created_unsuspended_is_held_before_its_workload() -> None:
     async def main() -> None:
         h = Harness()
-        obj = h.job()
+        obj = h.obj()
         del obj["spec"]["runPolicy"]
         h.state.apply("PyTorchJob", "MODIFIED", h.api._bump(obj))
         await h.reconcile()
-        assert h.job()["spec"]["runPolicy"] == {"suspend": True}
+        assert h.obj()["spec"]["runPolicy"] == {"suspend": True}
         assert h.api.creates == 1
 
     asyncio.run(main())

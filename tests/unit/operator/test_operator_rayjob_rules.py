@@ -14,18 +14,13 @@ from typing import Any
 import jsonpatch
 import kopf
 import pytest
-from test_operator_jobsync_flow import ScriptedApi
+from kind_harness import KindHarness
 
 from phalanx.operator import integration, jobs
 from phalanx.operator import rayjob as rj
 from phalanx.operator.job_validation import validate_rayjob
-from phalanx.operator.kinds import by_framework
-from phalanx.operator.kindsync import KindController
 from phalanx.operator.kube import RAYCLUSTERS
-from phalanx.operator.metrics import Metrics
-from phalanx.operator.state import ClusterState
 from phalanx.operator.webhooks import register_webhooks
-from phalanx.operator.writer import StatusWriter, WriteOutcome
 
 NS = "team-a"
 
@@ -393,66 +388,16 @@ def test_the_hold_webhook_suspends_a_queued_rayjob_but_not_one_on_an_existing_cl
 # -- the controller against a scripted API --------------------------------------------------------
 
 
-class Harness:
+class Harness(KindHarness):
     def __init__(self) -> None:
-        self.api = ScriptedApi()
-        self.state = ClusterState()
-        writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
-        writer.apply_status = self._apply_status  # type: ignore[method-assign]
-        self.ctl = KindController(
-            by_framework()[rj.FRAMEWORK],
-            self.api,  # type: ignore[arg-type]
-            self.state,
-            writer,
-            Metrics(),
-        )
-        obj = a_rayjob()
-        self.api.objects[("rayjobs", f"{NS}/pi")] = obj
-        self.state.apply("RayJob", "ADDED", self.api._bump(obj))
-        for name, labels in (("h100", {"gpu": "h100"}), ("cpu", {"pool": "cpu"})):
-            self.state.apply(
-                "ResourceFlavor", None, {"metadata": {"name": name}, "spec": {"nodeLabels": labels}}
-            )
-
-    async def _apply_status(self, key: str, build: Any, *, verb: str) -> WriteOutcome:
-        del verb
-        current = self.state.get("Workload", key)
-        if current is None:
-            return WriteOutcome(ok=False, status=404)
-        status = build(current)
-        if status is not None:
-            wl = self.api.workload()
-            wl["status"] = {**(wl.get("status") or {}), **status}
-            self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-        return WriteOutcome(ok=True)
-
-    def rayjob(self) -> dict[str, Any]:
-        return self.api.objects[("rayjobs", f"{NS}/pi")]
-
-    async def reconcile(self) -> None:
-        await self.ctl.reconcile(f"{NS}/pi")
-
-    def admit(self) -> None:
-        wl = self.api.workload()
         flavors = {"head": "cpu", "small": "h100", "big": "h100", "submitter": "cpu"}
-        wl["status"] = {
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted"},
-            ],
-            "admission": {
-                "clusterQueue": "cq",
-                "podSetAssignments": [
-                    {"name": n, "count": 1, "flavors": {"cpu": f}} for n, f in flavors.items()
-                ],
-            },
-        }
-        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-
-    def kuberay_writes(self, **status: Any) -> None:
-        obj = self.rayjob()
-        obj["status"] = {**(obj.get("status") or {}), **status}
-        self.state.apply("RayJob", "MODIFIED", self.api._bump(obj))
+        super().__init__(
+            framework=rj.FRAMEWORK,
+            plural="rayjobs",
+            state_kind="RayJob",
+            obj=a_rayjob(),
+            assignments=[(name, 1, {"cpu": f}) for name, f in flavors.items()],
+        )
 
     def ray_cluster(self, *, deleted: bool = False) -> None:
         cluster = {
@@ -483,30 +428,26 @@ def test_a_queued_rayjob_is_admitted_preempted_released_once_its_cluster_and_pod
         assert [p["name"] for p in wl["spec"]["podSets"]] == ["head", "small", "big", "submitter"]
         h.admit()
         await h.reconcile()
-        started = h.rayjob()
+        started = h.obj()
         assert started["spec"]["suspend"] is False
         assert started["spec"]["submitterPodTemplate"]["spec"]["nodeSelector"] == {"pool": "cpu"}
         h.ray_cluster()
         h.pod("pi-x7k2q-head")
-        h.kuberay_writes(jobDeploymentStatus="Running", rayClusterStatus={"state": "ready"})
+        h.its_controller_writes(jobDeploymentStatus="Running", rayClusterStatus={"state": "ready"})
         await h.reconcile()
         conds = {c["type"]: c["status"] for c in h.api.workload()["status"]["conditions"]}
         assert conds["PodsReady"] == "True"
-        wl = h.api.workload()
-        wl["status"]["conditions"].append(
-            {"type": "Evicted", "status": "True", "reason": "Preempted"}
-        )
-        h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
+        wl = h.evict()
         await h.reconcile()
-        assert h.rayjob()["spec"]["suspend"] is True
+        assert h.obj()["spec"]["suspend"] is True
         await h.reconcile()
-        assert not rj.RAYJOB.injected(h.rayjob())
+        assert not rj.RAYJOB.injected(h.obj())
         assert not h.ctl.stopped(wl), "its RayCluster is still there"
         h.ray_cluster(deleted=True)
         assert not h.ctl.stopped(wl), "a pod of it is left"
         h.pod("pi-x7k2q-head", deleted=True)
         assert h.ctl.stopped(wl)
-        h.kuberay_writes(jobDeploymentStatus="Failed", message="deadline exceeded")
+        h.its_controller_writes(jobDeploymentStatus="Failed", message="deadline exceeded")
         await h.reconcile()
         finished = {c["type"]: c for c in h.api.workload()["status"]["conditions"]}
         assert finished["Finished"]["reason"] == "Failed"

@@ -8,17 +8,12 @@ import copy
 from typing import Any
 
 import jsonpatch
-from test_operator_jobsync_flow import ScriptedApi
+from kind_harness import KindHarness
 
 from phalanx.operator import integration, jobs
 from phalanx.operator import jobset as js
 from phalanx.operator import trainjob as tj
 from phalanx.operator.job_validation import validate_jobset, validate_trainjob
-from phalanx.operator.kinds import by_framework
-from phalanx.operator.kindsync import KindController
-from phalanx.operator.metrics import Metrics
-from phalanx.operator.state import ClusterState
-from phalanx.operator.writer import StatusWriter, WriteOutcome
 
 NS = "team-a"
 MANAGER = "kueue.x-k8s.io/manager"
@@ -290,74 +285,25 @@ def test_the_webhook_checks_the_queue_name() -> None:
 # -- the controller against a scripted API --------------------------------------------------------
 
 
-class Harness:
+class Harness(KindHarness):
     def __init__(self) -> None:
-        self.api = ScriptedApi()
-        self.state = ClusterState()
-        writer = StatusWriter(self.api, self.state, Metrics())  # type: ignore[arg-type]
-        writer.apply_status = self._apply_status  # type: ignore[method-assign]
-        self.events: list[str] = []
-
-        async def event(obj: Any, *, reason: str, message: str, warning: bool = True) -> None:
-            del obj, warning
-            self.events.append(f"{reason}: {message}")
-
-        writer.event = event  # type: ignore[method-assign]
-        self.ctl = KindController(
-            by_framework()[tj.FRAMEWORK],
-            self.api,  # type: ignore[arg-type]
-            self.state,
-            writer,
-            Metrics(),
+        super().__init__(
+            framework=tj.FRAMEWORK,
+            plural="trainjobs",
+            state_kind="TrainJob",
+            obj=a_trainjob(patches=[kueue_entry()]),
+            assignments=[("node", 4, {"nvidia.com/gpu": "h100"})],
+            flavors={"h100": {}},
+            capture_events=True,
         )
-        obj = a_trainjob(patches=[kueue_entry()])
-        self.api.objects[("trainjobs", f"{NS}/llm")] = obj
-        self.state.apply("TrainJob", "ADDED", self.api._bump(obj))
-        self.state.apply(
-            "ResourceFlavor", None, {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {}}}
-        )
-
-    async def _apply_status(self, key: str, build: Any, *, verb: str) -> WriteOutcome:
-        del verb
-        current = self.state.get("Workload", key)
-        if current is None:
-            return WriteOutcome(ok=False, status=404)
-        status = build(current)
-        if status is not None:
-            wl = self.api.workload()
-            wl["status"] = {**(wl.get("status") or {}), **status}
-            self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
-        return WriteOutcome(ok=True)
-
-    def trainjob(self) -> dict[str, Any]:
-        return self.api.objects[("trainjobs", f"{NS}/llm")]
-
-    async def reconcile(self) -> None:
-        await self.ctl.reconcile(f"{NS}/llm")
 
     def trainer_makes_the_jobset(self, **kwargs: Any) -> None:
         self.state.apply("TrainJobSet", "ADDED", the_jobset(**kwargs))
 
     def trainer_reports(self, *, active: int) -> None:
-        obj = self.trainjob()
+        obj = self.obj()
         obj["status"] = {"jobsStatus": [{"name": "node", "active": active}]}
         self.state.apply("TrainJob", "MODIFIED", self.api._bump(obj))
-
-    def admit(self) -> None:
-        wl = self.api.workload()
-        wl["status"] = {
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted"},
-            ],
-            "admission": {
-                "clusterQueue": "cq",
-                "podSetAssignments": [
-                    {"name": "node", "count": 4, "flavors": {"nvidia.com/gpu": "h100"}}
-                ],
-            },
-        }
-        self.state.apply("Workload", "MODIFIED", self.api._bump(wl))
 
 
 def test_the_workload_waits_for_the_trainers_jobset_then_runs_and_is_stopped_through_the_patch():
@@ -380,23 +326,19 @@ def test_the_workload_waits_for_the_trainers_jobset_then_runs_and_is_stopped_thr
         assert wl["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
         h.admit()
         await h.reconcile()
-        assert h.trainjob()["spec"]["suspend"] is False
-        assert [p["name"] for p in patched_jobs(h.trainjob())] == ["node"]
+        assert h.obj()["spec"]["suspend"] is False
+        assert [p["name"] for p in patched_jobs(h.obj())] == ["node"]
         # Evicted: held through spec.suspend, then the patch emptied.
-        wl = h.api.workload()
-        wl["status"]["conditions"].append(
-            {"type": "Evicted", "status": "True", "reason": "Preempted"}
-        )
-        h.state.apply("Workload", "MODIFIED", h.api._bump(wl))
+        wl = h.evict()
         await h.reconcile()
-        assert h.trainjob()["spec"]["suspend"] is True and patched_jobs(h.trainjob())
+        assert h.obj()["spec"]["suspend"] is True and patched_jobs(h.obj())
         # Its Jobs still active: the patch waits (the Trainer's webhook would refuse it).
         h.trainer_reports(active=2)
         await h.reconcile()
-        assert patched_jobs(h.trainjob())
+        assert patched_jobs(h.obj())
         h.trainer_reports(active=0)
         await h.reconcile()
-        assert patched_jobs(h.trainjob()) == []
+        assert patched_jobs(h.obj()) == []
         assert h.api.creates == 1
         # The Trainer has not held the JobSet yet: it may still make pods, the quota waits.
         h.trainer_makes_the_jobset(suspend=False)
@@ -422,15 +364,15 @@ def test_a_workload_deleted_while_it_ran_is_made_again_once_the_admission_is_tak
         await h.reconcile()
         h.admit()
         await h.reconcile()
-        assert h.trainjob()["spec"]["suspend"] is False
+        assert h.obj()["spec"]["suspend"] is False
         h.trainer_makes_the_jobset(annotations={jobs.WORKLOAD_ANNOTATION: "wl"}, suspend=False)
         wl = h.api.workload()
         del h.api.objects[("workloads", f"{NS}/{wl['metadata']['name']}")]
         h.state.apply("Workload", "DELETED", wl)
         await h.reconcile()  # held first
-        assert h.trainjob()["spec"]["suspend"] is True and patched_jobs(h.trainjob())
+        assert h.obj()["spec"]["suspend"] is True and patched_jobs(h.obj())
         await h.reconcile()  # then the admission out
-        assert patched_jobs(h.trainjob()) == [] and h.api.creates == 1
+        assert patched_jobs(h.obj()) == [] and h.api.creates == 1
         await h.reconcile()  # the JobSet still has the old admission: no Workload from it
         assert h.api.creates == 1
         h.trainer_makes_the_jobset()
