@@ -10,6 +10,7 @@ removes them.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import time
@@ -285,7 +286,14 @@ def _start_all(
 
     progress(f"starting in {layout.state_dir} (API server port {ports.apiserver})")
     for name in COMPONENTS:
-        argv = components.argv(name, bin_dir=bin_dir, layout=layout, ports=ports, pki=pki)
+        argv = components.argv(
+            name,
+            bin_dir=bin_dir,
+            layout=layout,
+            ports=ports,
+            pki=pki,
+            profiling=os.environ.get(components.PROFILING_ENV) == "1",
+        )
         records[name] = processes.start(name, argv, log_path=layout.log(name), cwd=layout.state_dir)
         save()
         took = _wait_healthy(

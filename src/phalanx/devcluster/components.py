@@ -140,8 +140,20 @@ class Layout:
         return self.state_dir / "pids" / f"{component}.pid"
 
 
-def argv(component: str, *, bin_dir: Path, layout: Layout, ports: Ports, pki: Pki) -> list[str]:
-    """The command line of ``component``."""
+# Set to 1 to serve kube-apiserver's /debug/pprof (to its admin users), for profiling its CPU.
+PROFILING_ENV = "PHALANX_DEVCLUSTER_PROFILING"
+
+
+def argv(
+    component: str,
+    *,
+    bin_dir: Path,
+    layout: Layout,
+    ports: Ports,
+    pki: Pki,
+    profiling: bool = False,
+) -> list[str]:
+    """The command line of ``component``; ``profiling`` serves kube-apiserver's pprof."""
     exe = str(bin_dir / component)
     kcm_kubeconfig = str(layout.kubeconfig("controller-manager"))
     sched_kubeconfig = str(layout.kubeconfig("scheduler"))
@@ -201,7 +213,7 @@ def argv(component: str, *, bin_dir: Path, layout: Layout, ports: Ports, pki: Pk
             f"--proxy-client-cert-file={pki.clients['front-proxy-client'].cert}",
             f"--proxy-client-key-file={pki.clients['front-proxy-client'].key}",
             "--allow-privileged=true",
-            "--profiling=false",
+            f"--profiling={'true' if profiling else 'false'}",
             f"--cert-dir={layout.state_dir / 'apiserver-certs'}",
         ]
     if component == "kube-controller-manager":

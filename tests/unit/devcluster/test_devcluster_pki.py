@@ -1,4 +1,5 @@
-"""The devcluster's certificates: one CA, the right identities and names, reused on restart."""
+"""The devcluster's certificates: one CA, the right identities and names, reused on restart;
+and the API server's flags that depend on them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from phalanx.devcluster import components
 from phalanx.devcluster.kubeconfig import write_kubeconfig
 from phalanx.devcluster.pki import ensure_pki
 
@@ -79,3 +81,22 @@ def test_devcluster_kubeconfig_embeds_credentials(tmp_path: Path) -> None:
     assert doc["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
     assert doc["users"][0]["user"]["client-key-data"]
     assert doc["current-context"] == "admin@phalanx-dev"
+
+
+def test_the_api_server_serves_pprof_only_when_asked(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki", service_ip="10.96.0.1")
+    layout = components.Layout(tmp_path)
+
+    def apiserver(**kwargs: bool) -> list[str]:
+        return components.argv(
+            "kube-apiserver",
+            bin_dir=tmp_path / "bin",
+            layout=layout,
+            ports=components.DEFAULT_PORTS,
+            pki=pki,
+            **kwargs,
+        )
+
+    assert "--profiling=false" in apiserver()
+    assert "--profiling=true" in apiserver(profiling=True)
+    assert "--profiling=true" not in apiserver()
