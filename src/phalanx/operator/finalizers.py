@@ -69,24 +69,24 @@ def finalizer_patch(obj: Mapping[str, Any], *, keep: bool) -> list[dict[str, Any
     resourceVersion so it never applies to a version it was not computed from; None when
     there is nothing to do."""
     metadata = obj.get("metadata") or {}
-    finalizers = list(metadata.get("finalizers") or ())
+    finalizers = metadata.get("finalizers") or ()
+    # Checked first, before anything is built: every cycle asks this of every ClusterQueue
+    # and ResourceFlavor, and nearly always there is nothing to do.
+    if (RESOURCE_IN_USE in finalizers) is keep:
+        return None
     guard = {
         "op": "test",
         "path": "/metadata/resourceVersion",
         "value": metadata.get("resourceVersion"),
     }
     if keep:
-        if RESOURCE_IN_USE in finalizers:
-            return None
         if not finalizers:
             return [
                 guard,
                 {"op": "add", "path": "/metadata/finalizers", "value": [RESOURCE_IN_USE]},
             ]
         return [guard, {"op": "add", "path": "/metadata/finalizers/-", "value": RESOURCE_IN_USE}]
-    if RESOURCE_IN_USE not in finalizers:
-        return None
-    index = finalizers.index(RESOURCE_IN_USE)
+    index = list(finalizers).index(RESOURCE_IN_USE)
     return [
         guard,
         {"op": "test", "path": f"/metadata/finalizers/{index}", "value": RESOURCE_IN_USE},
