@@ -1,5 +1,6 @@
-"""The large scenario shipped for bench core (bench/scenarios/xl) is the size the docs quote:
-100,000 workloads in 2,000 ClusterQueues on 16,384 nodes of topology."""
+"""The scenarios shipped in bench/scenarios are the sizes the docs quote: xl (bench core),
+100,000 workloads in 2,000 ClusterQueues on 16,384 nodes of topology; large-scale-11k (the
+operator's profile at 1,000 ClusterQueues), 11,000 workloads."""
 
 from __future__ import annotations
 
@@ -20,3 +21,14 @@ def test_the_xl_scenario_has_the_documented_size() -> None:
     assert len(workloads) == 100_000
     assert math.prod(level.count for level in topology.levels) == 16_384
     assert len({q.cohort for q in queues}) == 20
+
+
+LARGE_11K = XL.parents[1] / "large-scale-11k" / "generator.yaml"
+
+
+def test_the_scaled_down_large_scale_keeps_its_1000_queues_with_11_workloads_each() -> None:
+    queues, workloads = plan(load_scenario(LARGE_11K))
+    assert len(queues) == 1_000
+    assert len({q.cohort for q in queues}) == 10
+    assert len(workloads) == 11_000
+    assert load_topology_file(LARGE_11K) is None
