@@ -392,13 +392,32 @@ def gpu_job(
     }
 
 
-def workload_of(cluster: ClusterHandle, namespace: str, job: str) -> dict[str, Any] | None:
-    """The Workload owned by Job ``job`` (None until the operator created it)."""
+def workload_of(
+    cluster: ClusterHandle, namespace: str, name: str, *, kind: str = "Job"
+) -> dict[str, Any] | None:
+    """The Workload owned by the ``kind`` ``name`` (None until the operator created it)."""
     for wl in get_list(cluster, "workloads.kueue.x-k8s.io", namespace):
         for owner in wl["metadata"].get("ownerReferences") or ():
-            if owner.get("kind") == "Job" and owner.get("name") == job:
+            if owner.get("kind") == kind and owner.get("name") == name:
                 return wl
     return None
+
+
+def priority_classes(namespace: str, cleanup: list[str]) -> tuple[str, str, list[dict[str, Any]]]:
+    """A low (10) and a high (1000) WorkloadPriorityClass named after ``namespace``, added to
+    ``cleanup``: their names and the objects to apply."""
+    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
+    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    objects = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": n},
+            "value": v,
+        }
+        for n, v in ((low, 10), (high, 1000))
+    ]
+    return low, high, objects
 
 
 def job_pods(cluster: ClusterHandle, namespace: str, job: str) -> list[dict[str, Any]]:

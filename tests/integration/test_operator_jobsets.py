@@ -27,8 +27,10 @@ from operator_fixtures import (
     is_true,
     local_queue,
     node_pool,
+    priority_classes,
     start_operator,
     wait_for,
+    workload_of,
 )
 
 from phalanx.devcluster.handle import ClusterHandle
@@ -93,14 +95,6 @@ def a_jobset(
     }
 
 
-def workload_of_jobset(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any] | None:
-    for wl in get_list(cluster, "workloads.kueue.x-k8s.io", namespace):
-        for owner in wl["metadata"].get("ownerReferences") or ():
-            if owner.get("kind") == "JobSet" and owner.get("name") == name:
-                return wl
-    return None
-
-
 def jobset_pods(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, Any]]:
     return get_list(cluster, "pods", namespace, "-l", f"{rules.JOBSET_NAME_LABEL}={name}")
 
@@ -163,7 +157,7 @@ def test_a_jobset_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_c
     wl = wait_for(
         "big's Workload, pending with an explanation",
         lambda: (
-            (w := workload_of_jobset(cluster, namespace, "big"))
+            (w := workload_of(cluster, namespace, "big", kind="JobSet"))
             and (c := condition(w, "QuotaReserved"))
             and c["status"] == "False"
             and c.get("message")
@@ -187,7 +181,9 @@ def test_a_jobset_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_c
     admitted = wait_for(
         "fits admitted",
         lambda: (
-            (w := workload_of_jobset(cluster, namespace, "fits")) and is_true(w, "Admitted") and w
+            (w := workload_of(cluster, namespace, "fits", kind="JobSet"))
+            and is_true(w, "Admitted")
+            and w
         ),
         log=log,
     )
@@ -214,15 +210,15 @@ def test_a_jobset_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_c
         "fits Completed and its Workload Finished",
         lambda: (
             is_true(get(cluster, JOBSETS, "fits", namespace), "Completed")
-            and (w := workload_of_jobset(cluster, namespace, "fits"))
+            and (w := workload_of(cluster, namespace, "fits", kind="JobSet"))
             and is_true(w, "Finished")
         ),
         timeout=120,
         log=log,
     )
-    finished = condition(workload_of_jobset(cluster, namespace, "fits") or {}, "Finished")
+    finished = condition(workload_of(cluster, namespace, "fits", kind="JobSet") or {}, "Finished")
     assert finished is not None and finished["reason"] == "Succeeded"
-    assert not is_true(workload_of_jobset(cluster, namespace, "big") or {}, "QuotaReserved")
+    assert not is_true(workload_of(cluster, namespace, "big", kind="JobSet") or {}, "QuotaReserved")
     cluster.kubectl_ok("delete", JOBSETS, "big", "-n", namespace, "--wait=false")
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
 
@@ -234,19 +230,10 @@ def test_a_preempted_jobset_is_suspended_restored_readmitted_and_completes(
     cleanup: list[str],
 ) -> None:
     cq_name, _op, log = jobset_operator
-    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
-    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    low, high, classes = priority_classes(namespace, cleanup)
     apply(
         cluster,
-        *(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": n},
-                "value": v,
-            }
-            for n, v in ((low, 10), (high, 1000))
-        ),
+        *classes,
         cluster_queue(
             cq_name, flavor_name=POOL, gpus=8, preemption={"withinClusterQueue": "LowerPriority"}
         ),
@@ -280,7 +267,7 @@ def test_a_preempted_jobset_is_suspended_restored_readmitted_and_completes(
     wait_for(
         "low evicted (preempted)",
         lambda: (
-            (w := workload_of_jobset(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="JobSet"))
             and (c := condition(w, "Evicted"))
             and c["status"] == "True"
             and condition(w, "Preempted") is not None
@@ -318,7 +305,7 @@ def test_a_preempted_jobset_is_suspended_restored_readmitted_and_completes(
     readmitted = wait_for(
         "low re-admitted and running again",
         lambda: (
-            (w := workload_of_jobset(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="JobSet"))
             and is_true(w, "Admitted")
             and not is_true(w, "Evicted")
             and get(cluster, JOBSETS, "low", namespace)["spec"]["suspend"] is False
@@ -333,7 +320,7 @@ def test_a_preempted_jobset_is_suspended_restored_readmitted_and_completes(
         "low Completed and its Workload Finished",
         lambda: (
             is_true(get(cluster, JOBSETS, "low", namespace), "Completed")
-            and is_true(workload_of_jobset(cluster, namespace, "low") or {}, "Finished")
+            and is_true(workload_of(cluster, namespace, "low", kind="JobSet") or {}, "Finished")
         ),
         timeout=150,
         log=log,
@@ -377,6 +364,6 @@ def test_a_queued_jobset_of_a_disabled_integration_is_left_alone_with_an_event(
             lambda: jobset_pods(cluster, namespace, "free"),
             log=op.log_tail,
         )
-        assert workload_of_jobset(cluster, namespace, "free") is None, "a Workload was made"
+        assert workload_of(cluster, namespace, "free", kind="JobSet") is None, "a Workload was made"
     finally:
         op.stop()

@@ -33,6 +33,7 @@ from operator_fixtures import (
     is_true,
     local_queue,
     node_pool,
+    priority_classes,
     start_operator,
     topology,
     wait_for,
@@ -314,19 +315,10 @@ def test_a_preempted_group_is_made_again_gated_readmitted_and_runs(
     cleanup: list[str],
 ) -> None:
     cq_name, _op, log = lws_operator
-    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
-    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    low, high, classes = priority_classes(namespace, cleanup)
     apply(
         cluster,
-        *(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": n},
-                "value": v,
-            }
-            for n, v in ((low, 10), (high, 1000))
-        ),
+        *classes,
         cluster_queue(
             cq_name, flavor_name=POOL, gpus=8, preemption={"withinClusterQueue": "LowerPriority"}
         ),

@@ -32,9 +32,11 @@ from operator_fixtures import (
     is_true,
     local_queue,
     node_pool,
+    priority_classes,
     start_operator,
     topology,
     wait_for,
+    workload_of,
 )
 
 from phalanx.devcluster.handle import ClusterHandle
@@ -94,16 +96,6 @@ def a_pytorchjob(
             }
         },
     }
-
-
-def workload_of_pytorchjob(
-    cluster: ClusterHandle, namespace: str, name: str
-) -> dict[str, Any] | None:
-    for wl in get_list(cluster, "workloads.kueue.x-k8s.io", namespace):
-        for owner in wl["metadata"].get("ownerReferences") or ():
-            if owner.get("kind") == "PyTorchJob" and owner.get("name") == name:
-                return wl
-    return None
 
 
 def pytorchjob_pods(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -180,7 +172,7 @@ def test_a_pytorchjob_waits_whole_while_quota_is_short_then_one_that_fits_runs(
     wl = wait_for(
         "big's Workload, pending with an explanation",
         lambda: (
-            (w := workload_of_pytorchjob(cluster, namespace, "big"))
+            (w := workload_of(cluster, namespace, "big", kind="PyTorchJob"))
             and (c := condition(w, "QuotaReserved"))
             and c["status"] == "False"
             and c.get("message")
@@ -204,7 +196,7 @@ def test_a_pytorchjob_waits_whole_while_quota_is_short_then_one_that_fits_runs(
     admitted = wait_for(
         "fits admitted",
         lambda: (
-            (w := workload_of_pytorchjob(cluster, namespace, "fits"))
+            (w := workload_of(cluster, namespace, "fits", kind="PyTorchJob"))
             and is_true(w, "Admitted")
             and w
         ),
@@ -239,15 +231,19 @@ def test_a_pytorchjob_waits_whole_while_quota_is_short_then_one_that_fits_runs(
         "fits Succeeded and its Workload Finished",
         lambda: (
             is_true(get(cluster, PYTORCHJOBS, "fits", namespace), "Succeeded")
-            and (w := workload_of_pytorchjob(cluster, namespace, "fits"))
+            and (w := workload_of(cluster, namespace, "fits", kind="PyTorchJob"))
             and is_true(w, "Finished")
         ),
         timeout=120,
         log=log,
     )
-    finished = condition(workload_of_pytorchjob(cluster, namespace, "fits") or {}, "Finished")
+    finished = condition(
+        workload_of(cluster, namespace, "fits", kind="PyTorchJob") or {}, "Finished"
+    )
     assert finished is not None and finished["reason"] == "Succeeded"
-    assert not is_true(workload_of_pytorchjob(cluster, namespace, "big") or {}, "QuotaReserved")
+    assert not is_true(
+        workload_of(cluster, namespace, "big", kind="PyTorchJob") or {}, "QuotaReserved"
+    )
     cluster.kubectl_ok("delete", PYTORCHJOBS, "big", "-n", namespace, "--wait=false")
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
 
@@ -259,19 +255,10 @@ def test_a_preempted_pytorchjob_is_held_restored_readmitted_and_succeeds(
     cleanup: list[str],
 ) -> None:
     cq_name, _op, log = pytorch_operator
-    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
-    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    low, high, classes = priority_classes(namespace, cleanup)
     apply(
         cluster,
-        *(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": n},
-                "value": v,
-            }
-            for n, v in ((low, 10), (high, 1000))
-        ),
+        *classes,
         cluster_queue(
             cq_name, flavor_name=POOL, gpus=8, preemption={"withinClusterQueue": "LowerPriority"}
         ),
@@ -304,7 +291,7 @@ def test_a_preempted_pytorchjob_is_held_restored_readmitted_and_succeeds(
     wait_for(
         "low evicted (preempted)",
         lambda: (
-            (w := workload_of_pytorchjob(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="PyTorchJob"))
             and (c := condition(w, "Evicted"))
             and c["status"] == "True"
             and condition(w, "Preempted") is not None
@@ -342,7 +329,7 @@ def test_a_preempted_pytorchjob_is_held_restored_readmitted_and_succeeds(
     wait_for(
         "low re-admitted and running again",
         lambda: (
-            (w := workload_of_pytorchjob(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="PyTorchJob"))
             and is_true(w, "Admitted")
             and not is_true(w, "Evicted")
             and suspended(get(cluster, PYTORCHJOBS, "low", namespace)) is False
@@ -355,7 +342,7 @@ def test_a_preempted_pytorchjob_is_held_restored_readmitted_and_succeeds(
         "low Succeeded and its Workload Finished",
         lambda: (
             is_true(get(cluster, PYTORCHJOBS, "low", namespace), "Succeeded")
-            and is_true(workload_of_pytorchjob(cluster, namespace, "low") or {}, "Finished")
+            and is_true(workload_of(cluster, namespace, "low", kind="PyTorchJob") or {}, "Finished")
         ),
         timeout=150,
         log=log,
@@ -381,7 +368,7 @@ def test_a_required_rack_puts_every_worker_in_one_rack(
     admitted = wait_for(
         "racked admitted",
         lambda: (
-            (w := workload_of_pytorchjob(cluster, namespace, "racked"))
+            (w := workload_of(cluster, namespace, "racked", kind="PyTorchJob"))
             and is_true(w, "Admitted")
             and w
         ),
@@ -413,7 +400,9 @@ def test_a_required_rack_puts_every_worker_in_one_rack(
         "racked Succeeded and its Workload Finished",
         lambda: (
             is_true(get(cluster, PYTORCHJOBS, "racked", namespace), "Succeeded")
-            and is_true(workload_of_pytorchjob(cluster, namespace, "racked") or {}, "Finished")
+            and is_true(
+                workload_of(cluster, namespace, "racked", kind="PyTorchJob") or {}, "Finished"
+            )
         ),
         timeout=120,
         log=log,

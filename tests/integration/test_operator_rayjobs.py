@@ -38,9 +38,11 @@ from operator_fixtures import (
     is_true,
     local_queue,
     node_pool,
+    priority_classes,
     start_operator,
     topology,
     wait_for,
+    workload_of,
 )
 
 from phalanx.devcluster.handle import ClusterHandle
@@ -112,14 +114,6 @@ def a_rayjob(
     }
 
 
-def workload_of_rayjob(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any] | None:
-    for wl in get_list(cluster, "workloads.kueue.x-k8s.io", namespace):
-        for owner in wl["metadata"].get("ownerReferences") or ():
-            if owner.get("kind") == "RayJob" and owner.get("name") == name:
-                return wl
-    return None
-
-
 def rayjob_pods(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, Any]]:
     """Every pod of the RayJob (head, workers, submitter), by the label admission puts on its
     templates."""
@@ -165,7 +159,7 @@ def running_on_pool(pods: list[dict[str, Any]], count: int) -> bool:
 
 def ended_by_kuberay(cluster: ClusterHandle, namespace: str, name: str) -> bool:
     rayjob = get(cluster, RAYJOBS, name, namespace)
-    workload = workload_of_rayjob(cluster, namespace, name) or {}
+    workload = workload_of(cluster, namespace, name, kind="RayJob") or {}
     return (rayjob.get("status") or {}).get("jobDeploymentStatus") == "Failed" and is_true(
         workload, "Finished"
     )
@@ -237,7 +231,7 @@ def test_a_rayjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_e
     wl = wait_for(
         "big's Workload, pending with an explanation",
         lambda: (
-            (w := workload_of_rayjob(cluster, namespace, "big"))
+            (w := workload_of(cluster, namespace, "big", kind="RayJob"))
             and (c := condition(w, "QuotaReserved"))
             and c["status"] == "False"
             and c.get("message")
@@ -262,7 +256,9 @@ def test_a_rayjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_e
     admitted = wait_for(
         "fits admitted",
         lambda: (
-            (w := workload_of_rayjob(cluster, namespace, "fits")) and is_true(w, "Admitted") and w
+            (w := workload_of(cluster, namespace, "fits", kind="RayJob"))
+            and is_true(w, "Admitted")
+            and w
         ),
         log=log,
     )
@@ -299,7 +295,7 @@ def test_a_rayjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_e
         timeout=150,
         log=log,
     )
-    finished = condition(workload_of_rayjob(cluster, namespace, "fits") or {}, "Finished")
+    finished = condition(workload_of(cluster, namespace, "fits", kind="RayJob") or {}, "Finished")
     assert finished is not None and finished["reason"] == "Failed", finished
     assert "activeDeadlineSeconds" in finished["message"], finished
     wait_for(
@@ -307,7 +303,7 @@ def test_a_rayjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and_e
         lambda: ray_clusters(cluster, namespace, "fits") == [],
         log=log,
     )
-    assert not is_true(workload_of_rayjob(cluster, namespace, "big") or {}, "QuotaReserved")
+    assert not is_true(workload_of(cluster, namespace, "big", kind="RayJob") or {}, "QuotaReserved")
     cluster.kubectl_ok("delete", RAYJOBS, "big", "-n", namespace, "--wait=false")
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
 
@@ -319,19 +315,10 @@ def test_a_preempted_rayjob_is_suspended_restored_readmitted_and_runs_again(
     cleanup: list[str],
 ) -> None:
     cq_name, _op, log = ray_operator
-    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
-    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    low, high, classes = priority_classes(namespace, cleanup)
     apply(
         cluster,
-        *(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": n},
-                "value": v,
-            }
-            for n, v in ((low, 10), (high, 1000))
-        ),
+        *classes,
         with_memory(
             cluster_queue(
                 cq_name,
@@ -366,7 +353,7 @@ def test_a_preempted_rayjob_is_suspended_restored_readmitted_and_runs_again(
     wait_for(
         "low evicted (preempted)",
         lambda: (
-            (w := workload_of_rayjob(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="RayJob"))
             and (c := condition(w, "Evicted"))
             and c["status"] == "True"
             and condition(w, "Preempted") is not None
@@ -408,7 +395,7 @@ def test_a_preempted_rayjob_is_suspended_restored_readmitted_and_runs_again(
     readmitted = wait_for(
         "low re-admitted and running again",
         lambda: (
-            (w := workload_of_rayjob(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="RayJob"))
             and is_true(w, "Admitted")
             and not is_true(w, "Evicted")
             and get(cluster, RAYJOBS, "low", namespace)["spec"]["suspend"] is False
@@ -486,7 +473,7 @@ def test_a_rayjob_asking_a_required_rack_for_its_workers_lands_them_in_one_rack(
             admitted = wait_for(
                 "racked admitted",
                 lambda: (
-                    (w := workload_of_rayjob(cluster, namespace, "racked"))
+                    (w := workload_of(cluster, namespace, "racked", kind="RayJob"))
                     and is_true(w, "Admitted")
                     and w
                 ),

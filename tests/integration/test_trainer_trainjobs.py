@@ -31,8 +31,10 @@ from operator_fixtures import (
     is_true,
     local_queue,
     node_pool,
+    priority_classes,
     start_operator,
     wait_for,
+    workload_of,
 )
 
 from phalanx.devcluster.handle import ClusterHandle
@@ -111,14 +113,6 @@ def a_trainjob(
             },
         },
     }
-
-
-def workload_of(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any] | None:
-    for wl in get_list(cluster, "workloads.kueue.x-k8s.io", namespace):
-        for owner in wl["metadata"].get("ownerReferences") or ():
-            if owner.get("kind") == "TrainJob" and owner.get("name") == name:
-                return wl
-    return None
 
 
 def pods_of(cluster: ClusterHandle, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -200,7 +194,7 @@ def test_a_trainjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and
     wl = wait_for(
         "big's Workload, pending with an explanation",
         lambda: (
-            (w := workload_of(cluster, namespace, "big"))
+            (w := workload_of(cluster, namespace, "big", kind="TrainJob"))
             and (c := condition(w, "QuotaReserved"))
             and c["status"] == "False"
             and c.get("message")
@@ -228,7 +222,11 @@ def test_a_trainjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and
     apply(cluster, a_trainjob("fits", nodes=2, gpus=4), namespace=namespace)
     admitted = wait_for(
         "fits admitted",
-        lambda: (w := workload_of(cluster, namespace, "fits")) and is_true(w, "Admitted") and w,
+        lambda: (
+            (w := workload_of(cluster, namespace, "fits", kind="TrainJob"))
+            and is_true(w, "Admitted")
+            and w
+        ),
         timeout=90,
         log=log,
     )
@@ -258,13 +256,13 @@ def test_a_trainjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and
         "fits Complete and its Workload Finished",
         lambda: (
             is_true(get(cluster, TRAINJOBS, "fits", namespace), "Complete")
-            and (w := workload_of(cluster, namespace, "fits"))
+            and (w := workload_of(cluster, namespace, "fits", kind="TrainJob"))
             and is_true(w, "Finished")
         ),
         timeout=120,
         log=log,
     )
-    finished = condition(workload_of(cluster, namespace, "fits") or {}, "Finished")
+    finished = condition(workload_of(cluster, namespace, "fits", kind="TrainJob") or {}, "Finished")
     assert finished is not None and finished["reason"] == "Succeeded"
     # No Workload of the Trainer's JobSets: the TrainJobs are what is queued.
     owners = [
@@ -273,7 +271,9 @@ def test_a_trainjob_waits_whole_while_quota_is_short_then_one_that_fits_runs_and
         for o in w["metadata"].get("ownerReferences") or ()
     ]
     assert sorted(owners) == ["TrainJob", "TrainJob"], owners
-    assert not is_true(workload_of(cluster, namespace, "big") or {}, "QuotaReserved")
+    assert not is_true(
+        workload_of(cluster, namespace, "big", kind="TrainJob") or {}, "QuotaReserved"
+    )
     cluster.kubectl_ok("delete", TRAINJOBS, "big", "-n", namespace, "--wait=false")
     wait_for("the quota back to zero", lambda: gpu_usage(cluster, cq_name) == ("0", 0), log=log)
 
@@ -285,19 +285,10 @@ def test_a_preempted_trainjob_is_suspended_its_patch_emptied_readmitted_and_comp
     cleanup: list[str],
 ) -> None:
     cq_name, _op, log = trainjob_operator
-    low, high = f"{namespace[:40]}-low", f"{namespace[:40]}-high"
-    cleanup += [f"workloadpriorityclass.kueue.x-k8s.io/{n}" for n in (low, high)]
+    low, high, classes = priority_classes(namespace, cleanup)
     apply(
         cluster,
-        *(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "WorkloadPriorityClass",
-                "metadata": {"name": n},
-                "value": v,
-            }
-            for n, v in ((low, 10), (high, 1000))
-        ),
+        *classes,
         cluster_queue(
             cq_name, flavor_name=POOL, gpus=8, preemption={"withinClusterQueue": "LowerPriority"}
         ),
@@ -328,7 +319,7 @@ def test_a_preempted_trainjob_is_suspended_its_patch_emptied_readmitted_and_comp
     wait_for(
         "low evicted (preempted)",
         lambda: (
-            (w := workload_of(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="TrainJob"))
             and is_true(w, "Evicted")
             and condition(w, "Preempted") is not None
         ),
@@ -357,7 +348,7 @@ def test_a_preempted_trainjob_is_suspended_its_patch_emptied_readmitted_and_comp
     wait_for(
         "low re-admitted and running again",
         lambda: (
-            (w := workload_of(cluster, namespace, "low"))
+            (w := workload_of(cluster, namespace, "low", kind="TrainJob"))
             and is_true(w, "Admitted")
             and not is_true(w, "Evicted")
             and get(cluster, TRAINJOBS, "low", namespace)["spec"]["suspend"] is False
@@ -370,7 +361,7 @@ def test_a_preempted_trainjob_is_suspended_its_patch_emptied_readmitted_and_comp
         "low Complete and its Workload Finished",
         lambda: (
             is_true(get(cluster, TRAINJOBS, "low", namespace), "Complete")
-            and is_true(workload_of(cluster, namespace, "low") or {}, "Finished")
+            and is_true(workload_of(cluster, namespace, "low", kind="TrainJob") or {}, "Finished")
         ),
         timeout=150,
         log=log,
