@@ -27,7 +27,8 @@ from phalanx.operator import webhook_policy
 from phalanx.operator.config import OperatorConfig
 from phalanx.operator.conversion import ConversionWebhook
 from phalanx.operator.runtime import TEST_HOOKS_ENV, PhalanxOperator, Sidecar
-from phalanx.operator.webhooks import register_webhooks, webhook_server
+from phalanx.operator.validation import validate_object
+from phalanx.operator.webhooks import direct_validations, register_webhooks, webhook_server
 
 __all__ = ["build_registry", "build_settings", "run", "tune_gc"]
 
@@ -70,7 +71,7 @@ def build_settings(
                 ),
             ),
         )
-        server = webhook_server(config.webhook)
+        server = webhook_server(config.webhook, direct=direct_validations(validate_object))
         settings.admission.server = conversion.serving(server) if conversion else server
         settings.admission.managed = config.webhook.configuration_name
     return settings
