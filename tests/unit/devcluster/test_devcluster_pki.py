@@ -100,3 +100,34 @@ def test_the_api_server_serves_pprof_only_when_asked(tmp_path: Path) -> None:
     assert "--profiling=false" in apiserver()
     assert "--profiling=true" in apiserver(profiling=True)
     assert "--profiling=true" not in apiserver()
+
+
+def _flag(argv: list[str], name: str) -> str:
+    values = [arg.split("=", 1)[1] for arg in argv if arg.startswith(f"--{name}=")]
+    assert len(values) == 1, f"--{name} given {len(values)} times"
+    return values[0]
+
+
+def test_a_kwok_node_is_never_lost_between_two_lease_renewals(tmp_path: Path) -> None:
+    """KWOK renews each Lease every quarter of its duration; the node lifecycle controller
+    must wait longer than two renewals, or every KWOK node would flap to NotReady."""
+    pki = ensure_pki(tmp_path / "pki", service_ip="10.96.0.1")
+    layout = components.Layout(tmp_path)
+
+    def argv(component: str) -> list[str]:
+        return components.argv(
+            component,
+            bin_dir=tmp_path / "bin",
+            layout=layout,
+            ports=components.DEFAULT_PORTS,
+            pki=pki,
+        )
+
+    lease_s = int(_flag(argv("kwok"), "node-lease-duration-seconds"))
+    grace = _flag(argv("kube-controller-manager"), "node-monitor-grace-period")
+    assert grace.endswith("m"), grace
+    grace_s = int(grace[:-1]) * 60
+    renewal_s = lease_s / 4
+    assert grace_s >= 2 * renewal_s, (grace_s, renewal_s)
+    # One renewal per node every 5 minutes at most: 640 nodes cost ~2 writes a second.
+    assert renewal_s >= 300
