@@ -378,10 +378,17 @@ def direct_validations(validator: Validator) -> dict[str, Review]:
                 raise aiohttp.web.HTTPBadRequest(reason="the AdmissionReview carries no object")
             checked = dict(obj)
             checked.setdefault("kind", kind)
-            errors = validator(checked)
-            response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": not errors}
-            if errors:
-                response["status"] = {"message": _refusal(kind, checked, errors), "code": 422}
+            response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": False}
+            try:
+                errors = validator(checked)
+            except Exception as error:
+                # As kopf answers a handler that crashed: refused, code 500, the error named.
+                logger.exception("event=webhook_check_crashed kind=%s", kind)
+                response["status"] = {"message": str(error) or repr(error), "code": 500}
+            else:
+                response["allowed"] = not errors
+                if errors:
+                    response["status"] = {"message": _refusal(kind, checked, errors), "code": 422}
             return {
                 "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
                 "kind": review.get("kind", "AdmissionReview"),

@@ -128,3 +128,14 @@ def test_the_server_answers_direct_ids_itself_and_hands_the_rest_to_kopf() -> No
 def test_a_review_without_a_request_is_a_bad_request() -> None:
     with pytest.raises(aiohttp.web.HTTPBadRequest):
         DIRECT["validate-workloads"]({"kind": "AdmissionReview"})
+
+
+def test_a_check_that_crashes_refuses_the_object_as_kopf_would() -> None:
+    def broken(obj: dict[str, Any]) -> list[str]:
+        raise ValueError("the check broke")
+
+    review = _review(_workload())
+    answer = direct_validations(broken)["validate-workloads"](review)
+    assert answer == _kopfs(review, ValueError("the check broke"))
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"] == {"message": "the check broke", "code": 500}
