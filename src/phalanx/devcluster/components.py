@@ -22,7 +22,7 @@ SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 # KWOK renews a node's Lease every quarter of its duration, as the kubelet does. At the
 # kubelet's 40 s that is a write every 10 s per node: 64 writes a second for the 640 nodes of
-# Kueue's TAS benchmark, more than the Workloads themselves cause, where Kueue's envtest has
+# Kueue's TAS benchmark, about a third of what its Workloads cause, where Kueue's envtest has
 # no node heartbeat at all. KWOK's nodes cannot fail, so a renewal every 5 minutes is enough;
 # the node lifecycle controller waits 15 minutes (three renewals) before it calls one lost.
 NODE_LEASE_SECONDS = 1200
