@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import logging
 import os
 import resource
@@ -68,6 +69,7 @@ __all__ = ["E2EOptions", "E2EResult", "e2e_problems", "operator_store", "run_e2e
 logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "phalanx-bench-finished"
+TIMELINE_FILE = "workloads.csv"
 APPLY_PATCH = "application/apply-patch+yaml"
 
 
@@ -269,6 +271,7 @@ class _Run:
         if rss is not None and rss.longest_gap_s > 1.0:
             logger.warning("event=rss_sample_gap longest_s=%.2f", rss.longest_gap_s)
         end = tracker.last_finished_at or time.monotonic()
+        self._write_timeline(tracker, t0)
         after_text = await self._scrape()
         cpu_after, plane_after = self._cpu()
         bench_cpu = _own_cpu() - bench_before
@@ -351,12 +354,25 @@ class _Run:
                     content_type=APPLY_PATCH,
                 )
                 self.finish_writes += 1
+                track.finish_acked_at = time.monotonic()
                 return
             except (ApiError, aiohttp.ClientError, TimeoutError) as error:
                 if isinstance(error, ApiError) and error.status == 404:
                     return
                 logger.info("event=bench_finish_retry workload=%s error=%r", p.key, error)
                 await asyncio.sleep(0.2 * (attempt + 1))
+
+    def _write_timeline(self, tracker: WorkloadTracker, t0: float) -> None:
+        """``<workdir>/workloads.csv``: each Workload's times (:meth:`WorkloadTracker.timeline`)."""
+        path = self.options.workdir / TIMELINE_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("w", newline="") as handle:
+                out = csv.writer(handle)
+                out.writerow(WorkloadTracker.TIMELINE_COLUMNS)
+                out.writerows(tracker.timeline(start=t0))
+        except OSError as error:
+            logger.warning("event=bench_timeline_unwritten path=%s error=%r", path, error)
 
     async def _final_invariants(self) -> tuple[str, ...]:
         """Violations seen during the run, plus leaks once queue status has caught up.
@@ -441,6 +457,8 @@ class _Run:
             releases_measured=len(releases),
             tas_nodes=len(self.nodes),
             tas_assignments_checked=self.tas.snapshot()[0],
+            timeline=str(self.options.workdir / TIMELINE_FILE),
+            timeline_origin_unix_ms=round(1000 * (time.time() - time.monotonic() + t0)),
         )
 
 

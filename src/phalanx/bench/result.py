@@ -82,6 +82,9 @@ class E2EResult:
     tas_nodes: int = 0
     """Nodes the run created for a TAS scenario (0 otherwise)."""
     tas_assignments_checked: int = 0
+    timeline: str | None = None
+    """``workloads.csv``: each Workload's times, in ms from ``timeline_origin_unix_ms``."""
+    timeline_origin_unix_ms: int = 0
     """Reservations of TAS Workloads whose topologyAssignment the run judged."""
 
     def as_bench_result(self) -> BenchResult:
@@ -178,6 +181,8 @@ class E2EResult:
             "invariant_problems": list(self.invariant_problems),
             "setup_s": round(self.setup_s, 1),
             "operator_log": self.operator_log,
+            "timeline": self.timeline,
+            "timeline_origin_unix_ms": self.timeline_origin_unix_ms,
             "tas": None
             if not self.tas_nodes
             else {"nodes": self.tas_nodes, "assignments_checked": self.tas_assignments_checked},

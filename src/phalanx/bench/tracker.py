@@ -43,6 +43,10 @@ class Track:
     evictions: int = 0
     finished_at: float | None = None
     generation: int = 0
+    finish_due_at: float | None = None
+    """When the runner's clock for the last admission ran out (the finish write was sent)."""
+    finish_acked_at: float | None = None
+    """When the API server answered that finish write."""
 
 
 def _condition_true(obj: dict[str, Any], kind: str) -> bool:
@@ -156,6 +160,7 @@ class WorkloadTracker:
         def fire() -> None:
             if track.generation != generation or track.finished_at is not None:
                 return
+            track.finish_due_at = self._clock()
             task = loop.create_task(self._finish(track, generation))
             self._tasks.add(task)
             task.add_done_callback(self._done)
@@ -217,6 +222,45 @@ class WorkloadTracker:
                     out.append(1000 * (admitted_at - t.finished_at))
                     break
         return out
+
+    TIMELINE_COLUMNS = (
+        "workload",
+        "class",
+        "cohort",
+        "scheduled_ms",
+        "created_ms",
+        "admitted_ms",
+        "finish_sent_ms",
+        "finish_acked_ms",
+        "finished_ms",
+        "admissions",
+        "evictions",
+    )
+
+    def timeline(self, *, start: float) -> list[tuple[object, ...]]:
+        """One row per workload (:attr:`TIMELINE_COLUMNS`), times in ms from ``start`` as the
+        bench saw them, empty where it never happened: where each one's time went, as
+        Kueue's runner writes ``wlStates.csv``. ``admitted_ms`` is the last admission."""
+
+        def ms(at: float | None) -> object:
+            return "" if at is None else round(1000 * (at - start))
+
+        return [
+            (
+                t.planned.key,
+                t.planned.class_name,
+                t.planned.cohort,
+                t.planned.at_ms,
+                ms(t.seen_at),
+                ms(t.last_admission_at),
+                ms(t.finish_due_at),
+                ms(t.finish_acked_at),
+                ms(t.finished_at),
+                t.admissions,
+                t.evictions,
+            )
+            for t in self.tracks.values()
+        ]
 
     def creation_lags_ms(self, *, start: float) -> list[float]:
         """Per created workload: actual creation (first sight) minus scheduled creation."""

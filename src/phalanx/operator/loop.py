@@ -362,11 +362,14 @@ class SchedulingLoop:
         wait = max(0.0, (now - created) / 1000) if created else 0.0
         self.metrics.admitted(admit.admission.cluster_queue, wait_seconds=wait)
         logger.info(
-            "event=admitted workload=%s cluster_queue=%s flavors=%s wait_seconds=%.2f",
+            "event=admitted workload=%s cluster_queue=%s flavors=%s wait_seconds=%.2f"
+            " decided_ms=%d write_seconds=%.3f",
             key,
             admit.admission.cluster_queue,
             ",".join(sorted({f for ps in admit.admission.pod_sets for f in ps.flavors.values()})),
             wait,
+            now,
+            (now_ms() - now) / 1000,
         )
         if workload and not cond.is_true(
             (workload.get("status") or {}).get("conditions"), cond.ADMITTED

@@ -75,6 +75,8 @@ class StatusWriter:
         metrics: Metrics,
         *,
         concurrency: int = 16,
+        pending_concurrency: int = 4,
+        pending_yield_seconds: float = 1.0,
         pending_min_interval: float = 5.0,
         pending_numbers_interval: float = 30.0,
         routine_events: TokenBucket | None = None,
@@ -85,14 +87,19 @@ class StatusWriter:
         self.metrics = metrics
         self.pending_min_interval = pending_min_interval
         self.pending_numbers_interval = max(pending_numbers_interval, pending_min_interval)
-        self._urgent: asyncio.Semaphore = asyncio.Semaphore(concurrency)
+        self._decision_slots = asyncio.Semaphore(concurrency)
+        self._decisions_waiting = 0
+        self._decisions_clear = asyncio.Event()
+        self._decisions_clear.set()
+        self._background_slots = asyncio.Semaphore(pending_concurrency)
+        self.pending_yield_seconds = pending_yield_seconds
         self._background: OrderedDict[str, str] = OrderedDict()  # key -> message to write
         self._background_ready = asyncio.Event()
         self._last_pending: dict[str, tuple[str, float]] = {}
         self._deferred: dict[str, tuple[str, float]] = {}  # key -> (message, when due)
         self._due: list[tuple[float, str]] = []
         self._tasks: list[asyncio.Task[Any]] = []
-        self._workers = max(2, concurrency // 2)
+        self._workers = max(1, pending_concurrency)
         self._locks: dict[str, list[Any]] = {}
         self.attempts = 4
         self.backoff = Backoff(initial=0.2, factor=2.0, maximum=5.0)
@@ -116,7 +123,9 @@ class StatusWriter:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    async def apply_status(self, key: str, build: StatusFn, *, verb: str) -> WriteOutcome:
+    async def apply_status(
+        self, key: str, build: StatusFn, *, verb: str, background: bool = False
+    ) -> WriteOutcome:
         """Server-side apply of the Workload status computed by ``build`` from its current
         version. Retried briefly on conflicts and transient errors.
 
@@ -124,63 +133,97 @@ class StatusWriter:
         previous one: a pending message in flight can never land after, and undo, an
         admission.
 
+        A decision takes one of ``concurrency`` slots. A ``background`` write (a pending
+        explanation) takes one of its own ``pending_concurrency`` slots instead, and first
+        yields while decisions wait for theirs (up to ``pending_yield_seconds``): at the
+        API server's pace, explanations must not slow the admissions that end the waits.
+
         A failure whose outcome is unknown (reset, timeout, 5xx, unreadable answer) is
         resolved by reading the Workload back: ``build`` sees the fresh object and returns
         None when the write is already there. If the API cannot be read either, the outcome
         is ``unknown``, never a failure.
         """
-        async with self._lock(key), self._urgent:
-            last = WriteOutcome(ok=False, error="no attempt")
-            doubt = False  # some write may have landed without our knowing
-            unsettled: str | None = None  # the precondition of the latest such write
-            for attempt in range(self.attempts):
-                if attempt:
-                    await asyncio.sleep(self.backoff.delay(attempt - 1))
-                current = self.state.get("Workload", key)
-                if current is None:
+        if background:
+            async with self._background_slots:
+                await self._yield_to_decisions()
+                async with self._lock(key):
+                    return await self._write(key, build, verb)
+        async with self._lock(key), self._decision_slot():
+            return await self._write(key, build, verb)
+
+    @contextlib.asynccontextmanager
+    async def _decision_slot(self) -> AsyncIterator[None]:
+        self._decisions_waiting += 1
+        self._decisions_clear.clear()
+        try:
+            await self._decision_slots.acquire()
+        finally:
+            self._decisions_waiting -= 1
+            if not self._decisions_waiting:
+                self._decisions_clear.set()
+        try:
+            yield
+        finally:
+            self._decision_slots.release()
+
+    async def _yield_to_decisions(self) -> None:
+        """Wait while decisions queue for a slot, but no longer than
+        ``pending_yield_seconds``: explanations trickle on under a steady backlog."""
+        if self._decisions_waiting:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.pending_yield_seconds):
+                    await self._decisions_clear.wait()
+
+    async def _write(self, key: str, build: StatusFn, verb: str) -> WriteOutcome:
+        last = WriteOutcome(ok=False, error="no attempt")
+        doubt = False  # some write may have landed without our knowing
+        unsettled: str | None = None  # the precondition of the latest such write
+        for attempt in range(self.attempts):
+            if attempt:
+                await asyncio.sleep(self.backoff.delay(attempt - 1))
+            current = self.state.get("Workload", key)
+            if current is None:
+                return WriteOutcome(ok=False, status=404, error="workload not found")
+            status = build(current)
+            if status is None:
+                return WriteOutcome(ok=True)
+            status = carry_over(current, status)
+            try:
+                await self._apply(current, status)
+                self.metrics.api_write("Workload", verb, ok=True)
+                return WriteOutcome(ok=True)
+            except API_ERRORS as error:
+                self.metrics.api_write("Workload", verb, ok=False)
+                code = error.status if isinstance(error, ApiError) else 0
+                if code in (404, 422):
+                    last = WriteOutcome(ok=False, status=code, error=str(error))
+                    break
+                if outcome_unknown(error):
+                    doubt, unsettled = True, resource_version(current)
+                    last = WriteOutcome(ok=False, status=code, error=repr(error), unknown=True)
+                    logger.warning(
+                        "event=status_write_unknown workload=%s verb=%s error=%r",
+                        key,
+                        verb,
+                        str(error) or repr(error),
+                    )
+                else:
+                    last = WriteOutcome(ok=False, status=code, error=str(error))
+                # After an unknown outcome or a conflict, read the Workload back, so the
+                # next attempt's ``build`` sees it (None if the write is there) and its
+                # precondition is current.
+                if (outcome_unknown(error) or code == 409) and await self._read_back(key) == 404:
                     return WriteOutcome(ok=False, status=404, error="workload not found")
-                status = build(current)
-                if status is None:
-                    return WriteOutcome(ok=True)
-                status = carry_over(current, status)
-                try:
-                    await self._apply(current, status)
-                    self.metrics.api_write("Workload", verb, ok=True)
-                    return WriteOutcome(ok=True)
-                except API_ERRORS as error:
-                    self.metrics.api_write("Workload", verb, ok=False)
-                    code = error.status if isinstance(error, ApiError) else 0
-                    if code in (404, 422):
-                        last = WriteOutcome(ok=False, status=code, error=str(error))
-                        break
-                    if outcome_unknown(error):
-                        doubt, unsettled = True, resource_version(current)
-                        last = WriteOutcome(ok=False, status=code, error=repr(error), unknown=True)
-                        logger.warning(
-                            "event=status_write_unknown workload=%s verb=%s error=%r",
-                            key,
-                            verb,
-                            str(error) or repr(error),
-                        )
-                    else:
-                        last = WriteOutcome(ok=False, status=code, error=str(error))
-                    # After an unknown outcome or a conflict, read the Workload back, so the
-                    # next attempt's ``build`` sees it (None if the write is there) and its
-                    # precondition is current.
-                    if (outcome_unknown(error) or code == 409) and await self._read_back(
-                        key
-                    ) == 404:
-                        return WriteOutcome(ok=False, status=404, error="workload not found")
-            if doubt:
-                last = await self._settle(key, build, unsettled, last)
-            logger.warning(
-                "event=status_write_failed workload=%s verb=%s unknown=%s error=%r",
-                key,
-                verb,
-                last.unknown,
-                last.error,
-            )
-            return last
+        if doubt:
+            last = await self._settle(key, build, unsettled, last)
+        logger.warning(
+            "event=status_write_failed workload=%s verb=%s unknown=%s error=%r",
+            key,
+            verb,
+            last.unknown,
+            last.error,
+        )
+        return last
 
     async def _settle(
         self, key: str, build: StatusFn, unsettled: str | None, last: WriteOutcome
@@ -351,7 +394,7 @@ class StatusWriter:
                     updated = cond.requeued_again(updated, now_ms=now_ms) or updated
                 return {"conditions": updated}
 
-            await self.apply_status(key, build, verb="pending")
+            await self.apply_status(key, build, verb="pending", background=True)
 
     # -- the integrations' writes -----------------------------------------------------------------
 

@@ -339,3 +339,62 @@ def test_report_shows_the_new_figures(capsys: pytest.CaptureFixture[str]) -> Non
     assert "(from the actual creation p50 100 ms, p99 150 ms)" in out
     assert "creation lag behind schedule: max 2100 ms, p50 2000 ms, p99 2050 ms" in out
     assert "operator RSS: peak 120.4 MiB, end 100.2 MiB" in out
+
+
+def test_the_timeline_has_each_workloads_times_from_the_origin(scenario: Scenario) -> None:
+    """A small Workload (runtime 100 ms) created at 1.0 s, admitted at 1.5 s: the runner's
+    clock fires at 1.6 s and the finish answered and was seen later; a second one never
+    admitted has empty cells, not zeros."""
+    _, workloads = plan(scenario)
+    w, never = workloads[0], workloads[1]
+    now = [100.0]
+    acked: list[float] = []
+
+    async def finish(track: Track, generation: int) -> None:
+        now[0] = 101.7
+        track.finish_acked_at = now[0]
+        acked.append(now[0])
+
+    async def run() -> WorkloadTracker:
+        tracker = WorkloadTracker([w, never], finish=finish, clock=lambda: now[0])
+        tracker.created(w.key, 100.0)
+        tracker.created(never.key, 100.2)
+        now[0] = 100.5
+        tracker.on_event("MODIFIED", _admitted(w))
+        now[0] = 100.6  # the runner's clock for 100 ms runs out
+        await asyncio.sleep(w.runtime_ms / 1000 + 0.05)
+        now[0] = 101.9
+        tracker.on_event(
+            "MODIFIED",
+            {
+                "metadata": {"name": w.name, "namespace": w.namespace},
+                "status": {"conditions": [{"type": "Finished", "status": "True"}]},
+            },
+        )
+        return tracker
+
+    tracker = asyncio.run(run())
+    assert acked, "the finish never fired"
+    rows = {
+        row[0]: dict(zip(WorkloadTracker.TIMELINE_COLUMNS, row, strict=True))
+        for row in tracker.timeline(start=99.0)
+    }
+    assert rows[w.key] == {
+        "workload": w.key,
+        "class": "small",
+        "cohort": w.cohort,
+        "scheduled_ms": w.at_ms,
+        "created_ms": 1000,
+        "admitted_ms": 1500,
+        "finish_sent_ms": 1600,
+        "finish_acked_ms": 2700,
+        "finished_ms": 2900,
+        "admissions": 1,
+        "evictions": 0,
+    }
+    assert rows[never.key]["created_ms"] == 1200
+    assert [rows[never.key][c] for c in ("admitted_ms", "finish_sent_ms", "finished_ms")] == [
+        "",
+        "",
+        "",
+    ]

@@ -17,7 +17,7 @@ def _run(interval: float, script: Any) -> list[tuple[str, str]]:
         state = ClusterState()
         writer = StatusWriter(None, state, Metrics(), concurrency=4, pending_min_interval=interval)  # type: ignore[arg-type]
 
-        async def fake_apply(key: str, build: Any, *, verb: str) -> WriteOutcome:
+        async def fake_apply(key: str, build: Any, **_: Any) -> WriteOutcome:
             status = build({"metadata": {"name": key}, "status": {}})
             written.append((key, status["conditions"][0]["message"]))
             return WriteOutcome(ok=True)
@@ -82,7 +82,7 @@ def _run_paced(minimum: float, numbers: float, script: Any) -> list[tuple[float,
         )
         start = asyncio.get_running_loop().time()
 
-        async def fake_apply(key: str, build: Any, *, verb: str) -> WriteOutcome:
+        async def fake_apply(key: str, build: Any, **_: Any) -> WriteOutcome:
             status = build({"metadata": {"name": key}, "status": {}})
             now = asyncio.get_running_loop().time() - start
             written.append((now, status["conditions"][0]["message"]))
