@@ -132,6 +132,18 @@ def test_bench_e2e_places_a_tas_scenario_and_removes_its_nodes(
     assert result["invariant_problems"] == []
     assert result["tas"]["nodes"] == 8
     assert result["tas"]["assignments_checked"] >= 48
+    # The operator ran as an installed one does: its own ServiceAccount's token, not the
+    # admin's client certificate (phalanx.bench.identity).
+    operator_kubeconfig = cluster.kubeconfig.parent / "phalanx-bench-operator.yaml"
+    assert f"--kubeconfig={operator_kubeconfig}" in Path(result["operator_log"]).read_text()
+    who = cluster.kubectl(
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+        kubeconfig=operator_kubeconfig,
+    )
+    assert who.stdout == "system:serviceaccount:kube-system:phalanx-bench-operator", who.stderr
 
     nodes = {n["metadata"]["name"]: n for n in _items(cluster, "nodes", "-l", CLEANUP)}
     assert sorted(nodes) == [f"node-b0-r{r}-n{i}" for r in range(2) for i in range(4)]

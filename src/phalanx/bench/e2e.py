@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 
+from phalanx.bench import identity
 from phalanx.bench.core_replay import Scenario, ideal_ms
 from phalanx.bench.invariants import InvariantChecker, ListingInformer
 from phalanx.bench.objects import (
@@ -88,6 +89,9 @@ class E2EOptions:
     at least 10 minutes)."""
     control_plane_pids: Mapping[str, int] = field(default_factory=dict)
     cleanup: bool = True
+    operator_service_account: bool = False
+    """Start the operator with a ServiceAccount token of its own, as an installed operator
+    runs (:mod:`phalanx.bench.identity`), rather than with ``kubeconfig``'s credentials."""
 
 
 def operator_store(workdir: Path, environ: Mapping[str, str]) -> str:
@@ -150,7 +154,12 @@ class _Run:
                 await self.objects.install_crds(self.options.crds)
             await self.objects.remove_leftovers()
             if self.options.start_operator:
-                self.operator = await asyncio.to_thread(self._start_operator)
+                operator_kubeconfig = self.options.kubeconfig
+                if self.options.operator_service_account:
+                    operator_kubeconfig = await identity.operator_kubeconfig(
+                        self.kube, self.options.kubeconfig
+                    )
+                self.operator = await asyncio.to_thread(self._start_operator, operator_kubeconfig)
             await self.objects.create_topology()
             await self.objects.create_queues()
             await self.objects.wait_active()
@@ -201,10 +210,10 @@ class _Run:
 
     # -- 1. preparation -------------------------------------------------------------------------
 
-    def _start_operator(self) -> OperatorProcess:
+    def _start_operator(self, kubeconfig: Path) -> OperatorProcess:
         store = operator_store(self.options.workdir, os.environ)
         op = start_operator(
-            kubeconfig=self.options.kubeconfig,
+            kubeconfig=kubeconfig,
             workdir=self.options.workdir,
             extra=self.options.operator_args,
             env={STORE_ENV: store},

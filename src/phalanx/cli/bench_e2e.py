@@ -221,6 +221,7 @@ def run_local(
         timeout_s=timeout_s,
         control_plane_pids=pids,
         cleanup=cleanup,
+        operator_service_account=True,
     )
     return run_e2e(scenario, options, topology=topology)
 
