@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +265,23 @@ def register(subparsers: Any) -> None:
         help="how many routine Events may be written at once before --routine-events-qps"
         " applies (100)",
     )
+    parser.add_argument(
+        "--pending-explanations-qps",
+        type=_explanations_qps,
+        metavar="QPS",
+        default=10.0,
+        help="pending explanations (a waiting Workload's QuotaReserved=False message) are"
+        " written at most this fast across the operator, a Workload never explained first;"
+        " 0: no limit. Admissions, evictions and finishes are never limited (10)",
+    )
+    parser.add_argument(
+        "--pending-explanations-burst",
+        type=_explanations_burst,
+        metavar="N",
+        default=50,
+        help="how many pending explanations may be written at once before"
+        " --pending-explanations-qps applies (50)",
+    )
     election = parser.add_argument_group(
         "leader election",
         "With leader election, replicas share a coordination.k8s.io Lease and only its holder"
@@ -385,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
         cert_check_seconds=args.cert_check_seconds,
         routine_events_qps=args.routine_events_qps,
         routine_events_burst=args.routine_events_burst,
+        pending_explanations_qps=args.pending_explanations_qps,
+        pending_explanations_burst=args.pending_explanations_burst,
         liveness_stall_seconds=args.liveness_stall_seconds,
         store_url=_store_url(args.store),
         webhook=webhook,
@@ -479,28 +498,40 @@ def _webhook_timeout(value: str) -> int:
     return seconds
 
 
-def _events_qps(value: str) -> float:
-    try:
-        qps = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a number of Events per second"
-        ) from None
-    if not qps >= 0 or qps == float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"{value} is not a rate: give Events per second >= 0 (0 writes every Event)"
-        )
-    return qps
+def _qps(noun: str) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            qps = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a number of {noun} per second"
+            ) from None
+        if not qps >= 0 or qps == float("inf"):
+            raise argparse.ArgumentTypeError(
+                f"{value} is not a rate: give {noun} per second >= 0 (0: no limit)"
+            )
+        return qps
+
+    return parse
 
 
-def _events_burst(value: str) -> int:
-    try:
-        burst = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of Events") from None
-    if burst < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1: give at least 1 Event")
-    return burst
+def _burst(noun: str) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            burst = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of {noun}") from None
+        if burst < 1:
+            raise argparse.ArgumentTypeError(f"{value} is below 1: give at least 1 of {noun}")
+        return burst
+
+    return parse
+
+
+_events_qps = _qps("Events")
+_events_burst = _burst("Events")
+_explanations_qps = _qps("explanations")
+_explanations_burst = _burst("explanations")
 
 
 def webhook_namespace_selector(args: argparse.Namespace, settings: ConfigFile) -> dict[str, Any]:

@@ -90,6 +90,11 @@ class OperatorConfig:
     """A pending Workload's explanation is rewritten at most this often (and only on change)."""
     pending_numbers_min_interval: float = 30.0
     """...and at most this often when only its numbers changed ("3 more needed" -> "2 more")."""
+    pending_explanations_qps: float = 10.0
+    pending_explanations_burst: int = 50
+    """Pending explanations are written at most this fast across the operator (a token
+    bucket; 0 qps: no limit), a Workload never explained before one whose explanation
+    changed. Decisions (admit, evict, finish) are never limited."""
     routine_events_qps: float = 5.0
     routine_events_burst: int = 100
     """Events that record what the object's status already shows (``QuotaReserved``,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -33,3 +34,15 @@ class TokenBucket:
             return False
         self._tokens -= 1
         return True
+
+    def delay(self) -> float:
+        """Seconds until ``take()`` can be True (0: now)."""
+        if self.rate == 0:
+            return 0.0
+        tokens = min(float(self.burst), self._tokens + (self._clock() - self._at) * self.rate)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+
+    async def acquire(self) -> None:
+        """Wait for a token and take it."""
+        while not self.take():
+            await asyncio.sleep(self.delay())

@@ -350,6 +350,10 @@ class PhalanxOperator:
             routine_events=TokenBucket(
                 rate=self.config.routine_events_qps, burst=self.config.routine_events_burst
             ),
+            pending_rate=TokenBucket(
+                rate=self.config.pending_explanations_qps,
+                burst=self.config.pending_explanations_burst,
+            ),
         )
         self.jobs = (
             JobController(

@@ -80,6 +80,7 @@ class StatusWriter:
         pending_min_interval: float = 5.0,
         pending_numbers_interval: float = 30.0,
         routine_events: TokenBucket | None = None,
+        pending_rate: TokenBucket | None = None,
     ) -> None:
         self.api = api
         self.routine_events = routine_events or TokenBucket(rate=0, burst=1)
@@ -93,7 +94,11 @@ class StatusWriter:
         self._decisions_clear.set()
         self._background_slots = asyncio.Semaphore(pending_concurrency)
         self.pending_yield_seconds = pending_yield_seconds
+        self._first: OrderedDict[str, str] = OrderedDict()  # never explained yet: first
         self._background: OrderedDict[str, str] = OrderedDict()  # key -> message to write
+        self.pending_rate = pending_rate or TokenBucket(rate=0, burst=1)
+        """Explanations written across the operator (the API server's share for background
+        work); a Workload never explained goes before one whose explanation changed."""
         self._background_ready = asyncio.Event()
         self._last_pending: dict[str, tuple[str, float]] = {}
         self._deferred: dict[str, tuple[str, float]] = {}  # key -> (message, when due)
@@ -309,7 +314,9 @@ class StatusWriter:
             self._deferred.pop(key, None)
             return
         if last is None:
-            due = 0.0
+            self._first[key] = encoded  # the latest wins; it keeps its place in line
+            self._background_ready.set()
+            return
         elif _shape(last[0]) == _shape(encoded):
             # Only its figures moved ("3 more needed" -> "2 more needed"): the live numbers
             # are in the visibility API and `kubectl phalanx explain`; the status catches up
@@ -331,6 +338,7 @@ class StatusWriter:
         self._background_ready.set()
 
     def forget(self, key: str) -> None:
+        self._first.pop(key, None)
         self._background.pop(key, None)
         self._deferred.pop(key, None)
         self._last_pending.pop(key, None)
@@ -354,13 +362,17 @@ class StatusWriter:
     async def _pending_worker(self) -> None:
         while True:
             wait = self._promote_due()
-            if not self._background:
+            if not self._first and not self._background:
                 self._background_ready.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await self._background_ready.wait()
                 continue
-            key, encoded = self._background.popitem(last=False)
+            await self.pending_rate.acquire()
+            queue = self._first or self._background
+            if not queue:
+                continue  # written or forgotten while this worker waited for its turn
+            key, encoded = queue.popitem(last=False)
             now = time.monotonic()
             inadmissible, message = encoded[0] == "I", encoded[1:]
             self._last_pending[key] = (encoded, now)

@@ -70,6 +70,25 @@ def test_the_operator_command_names_the_bad_flag() -> None:
     assert "--routine-events-qps" in proc.stderr and ">= 0" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "needle"),
+    [
+        ("--pending-explanations-qps=-2", "explanations per second >= 0"),
+        ("--pending-explanations-qps=fast", "not a number of explanations"),
+        ("--pending-explanations-burst=0", "at least 1"),
+    ],
+)
+def test_the_explanations_limit_flags_name_what_is_wrong(flag: str, needle: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx.cli.main", "operator", flag],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert flag.split("=")[0] in proc.stderr and needle in proc.stderr, proc.stderr
+
+
 class Recorder:
     def __init__(self) -> None:
         self.created: list[str] = []

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from phalanx.operator.metrics import Metrics
+from phalanx.operator.ratelimit import TokenBucket
 from phalanx.operator.state import ClusterState
 from phalanx.operator.writer import StatusWriter, WriteOutcome
 
@@ -148,3 +150,64 @@ def test_digits_in_names_and_the_inadmissible_flag_are_part_of_the_message() -> 
         "waiting behind ClusterQueue team-2",
         "waiting behind ClusterQueue team-2",
     ]
+
+
+def _run_limited(rate: float, burst: int, script: Any) -> list[tuple[float, str]]:
+    """Like ``_run_paced`` with the explanations' token bucket: each write with its time."""
+    written: list[tuple[float, str]] = []
+
+    async def main() -> None:
+        writer = StatusWriter(
+            None,  # type: ignore[arg-type]
+            ClusterState(),
+            Metrics(),
+            pending_min_interval=0.0,
+            pending_numbers_interval=0.0,
+            pending_rate=TokenBucket(rate=rate, burst=burst),
+        )
+        start = asyncio.get_running_loop().time()
+
+        async def fake_apply(key: str, build: Any, **_: Any) -> WriteOutcome:
+            status = build({"metadata": {"name": key}, "status": {}})
+            now = asyncio.get_running_loop().time() - start
+            written.append((now, f"{key}:{status['conditions'][0]['message']}"))
+            return WriteOutcome(ok=True)
+
+        writer.apply_status = fake_apply  # type: ignore[method-assign]
+        writer.start()
+        await script(writer)
+        await writer.stop()
+
+    asyncio.run(main())
+    return written
+
+
+def test_explanations_are_written_no_faster_than_their_rate() -> None:
+    """10 a second with a burst of 2: the first two at once, then one every 0.1 s."""
+
+    async def script(writer: StatusWriter) -> None:
+        for i in range(6):
+            writer.explain(f"ns/w{i}", message="waiting", inadmissible=False)
+        await asyncio.sleep(0.55)
+
+    written = _run_limited(10.0, 2, script)
+    times = [t for t, _ in written]
+    assert len(written) == 6, written
+    assert times[1] < 0.05, "the burst goes out at once"
+    for earlier, later in itertools.pairwise(times[1:]):
+        assert later - earlier >= 0.08, times
+
+
+def test_a_workload_never_explained_goes_before_a_changed_explanation() -> None:
+    """Under the limit, the first explanation of b is written before a's new message, which
+    was queued earlier: somebody with no answer at all waits least."""
+
+    async def script(writer: StatusWriter) -> None:
+        writer.explain("ns/a", message="first", inadmissible=False)
+        await asyncio.sleep(0.05)  # a's first explanation written, the burst spent
+        writer.explain("ns/a", message="second reason", inadmissible=False)
+        writer.explain("ns/b", message="first", inadmissible=False)
+        await asyncio.sleep(0.5)
+
+    messages = [m for _, m in _run_limited(5.0, 1, script)]
+    assert messages == ["ns/a:first", "ns/b:first", "ns/a:second reason"]
