@@ -69,8 +69,8 @@ def qps_note(qps: float, burst: int) -> str:
         " v0.19.2's test/performance/scheduler/minimalkueue/main.go sets"
         f" kubeConfig.QPS = {MINIMALKUEUE_QPS} and kubeConfig.Burst = {MINIMALKUEUE_BURST}"
         " (the runner's --qps/--burst apply to the runner's own clients only); the Phalanx"
-        " operator's client has no requests-per-second limit, only a bound on requests in"
-        " flight"
+        " operator's decisions have no requests-per-second limit, only a bound on requests"
+        " in flight (its pending explanations: 10 a second)"
     )
 
 
