@@ -3,8 +3,10 @@
 Decisions (admit, evict, finish) go first and are never dropped; pending explanations are
 background work: coalesced per Workload (only the latest matters), written only when the
 message changed, and at most once per ``pending_min_interval`` per Workload (once per
-``pending_numbers_interval`` when only the message's numbers changed). A burst of
-15,000 pending Workloads therefore costs a bounded trickle of writes, not a storm.
+``pending_numbers_interval`` when only the message's numbers changed), and across the
+operator at most at ``pending_rate`` (a never-explained Workload first), on slots of their
+own that yield to queued decisions. A burst of 15,000 pending Workloads therefore costs a
+bounded trickle of writes, not a storm, and never delays an admission.
 
 Every successful write's response is fed back into :class:`ClusterState`, so the next
 decision is computed from what the API server holds, without waiting for the watch echo.
