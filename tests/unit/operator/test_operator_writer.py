@@ -69,9 +69,15 @@ def test_forgotten_workloads_are_not_written() -> None:
     assert _run(0.3, script) == []
 
 
-def _run_paced(minimum: float, numbers: float, script: Any) -> list[tuple[float, str]]:
-    """Like ``_run`` with both intervals; each write with its time from the start."""
-    written: list[tuple[float, str]] = []
+Write = tuple[float, str, str]  # seconds from the start, key, message
+
+
+def _run_paced(
+    minimum: float, numbers: float, script: Any, *, rate: TokenBucket | None = None
+) -> list[Write]:
+    """Like ``_run`` with both intervals, and the explanations' token bucket when ``rate`` is
+    given; each write with its time from the start."""
+    written: list[Write] = []
 
     async def main() -> None:
         writer = StatusWriter(
@@ -81,13 +87,14 @@ def _run_paced(minimum: float, numbers: float, script: Any) -> list[tuple[float,
             concurrency=4,
             pending_min_interval=minimum,
             pending_numbers_interval=numbers,
+            pending_rate=rate,
         )
         start = asyncio.get_running_loop().time()
 
         async def fake_apply(key: str, build: Any, **_: Any) -> WriteOutcome:
             status = build({"metadata": {"name": key}, "status": {}})
             now = asyncio.get_running_loop().time() - start
-            written.append((now, status["conditions"][0]["message"]))
+            written.append((now, key, status["conditions"][0]["message"]))
             return WriteOutcome(ok=True)
 
         writer.apply_status = fake_apply  # type: ignore[method-assign]
@@ -113,7 +120,7 @@ def test_a_change_of_numbers_only_waits_for_the_slower_interval() -> None:
         await asyncio.sleep(0.6)
 
     written = _run_paced(0.1, 0.6, script)
-    assert [message for _, message in written] == [NEEDED.format(4), NEEDED.format(2)]
+    assert [message for _, _, message in written] == [NEEDED.format(4), NEEDED.format(2)]
     assert written[1][0] >= 0.6, "the latest figures, once the slow interval is over"
 
 
@@ -127,7 +134,7 @@ def test_a_new_kind_of_message_after_a_numbers_change_is_not_held_back() -> None
         await asyncio.sleep(0.4)
 
     written = _run_paced(0.1, 2.0, script)
-    assert [message for _, message in written] == [
+    assert [message for _, _, message in written] == [
         NEEDED.format(4),
         "topology: no rack has 4 free nodes",
     ]
@@ -145,41 +152,11 @@ def test_digits_in_names_and_the_inadmissible_flag_are_part_of_the_message() -> 
         await asyncio.sleep(0.25)
 
     written = _run_paced(0.1, 5.0, script)
-    assert [message for _, message in written] == [
+    assert [message for _, _, message in written] == [
         "waiting behind ClusterQueue team-1",
         "waiting behind ClusterQueue team-2",
         "waiting behind ClusterQueue team-2",
     ]
-
-
-def _run_limited(rate: float, burst: int, script: Any) -> list[tuple[float, str]]:
-    """Like ``_run_paced`` with the explanations' token bucket: each write with its time."""
-    written: list[tuple[float, str]] = []
-
-    async def main() -> None:
-        writer = StatusWriter(
-            None,  # type: ignore[arg-type]
-            ClusterState(),
-            Metrics(),
-            pending_min_interval=0.0,
-            pending_numbers_interval=0.0,
-            pending_rate=TokenBucket(rate=rate, burst=burst),
-        )
-        start = asyncio.get_running_loop().time()
-
-        async def fake_apply(key: str, build: Any, **_: Any) -> WriteOutcome:
-            status = build({"metadata": {"name": key}, "status": {}})
-            now = asyncio.get_running_loop().time() - start
-            written.append((now, f"{key}:{status['conditions'][0]['message']}"))
-            return WriteOutcome(ok=True)
-
-        writer.apply_status = fake_apply  # type: ignore[method-assign]
-        writer.start()
-        await script(writer)
-        await writer.stop()
-
-    asyncio.run(main())
-    return written
 
 
 def test_explanations_are_written_no_faster_than_their_rate() -> None:
@@ -190,8 +167,8 @@ def test_explanations_are_written_no_faster_than_their_rate() -> None:
             writer.explain(f"ns/w{i}", message="waiting", inadmissible=False)
         await asyncio.sleep(0.55)
 
-    written = _run_limited(10.0, 2, script)
-    times = [t for t, _ in written]
+    written = _run_paced(0.0, 0.0, script, rate=TokenBucket(rate=10.0, burst=2))
+    times = [t for t, _, _ in written]
     assert len(written) == 6, written
     assert times[1] < 0.05, "the burst goes out at once"
     for earlier, later in itertools.pairwise(times[1:]):
@@ -209,5 +186,6 @@ def test_a_workload_never_explained_goes_before_a_changed_explanation() -> None:
         writer.explain("ns/b", message="first", inadmissible=False)
         await asyncio.sleep(0.5)
 
-    messages = [m for _, m in _run_limited(5.0, 1, script)]
+    written = _run_paced(0.0, 0.0, script, rate=TokenBucket(rate=5.0, burst=1))
+    messages = [f"{key}:{message}" for _, key, message in written]
     assert messages == ["ns/a:first", "ns/b:first", "ns/a:second reason"]

@@ -59,16 +59,22 @@ def _writer(api: HeldApi, *, yield_seconds: float) -> StatusWriter:
     )
 
 
+async def _three_decisions_then_an_explanation(writer: StatusWriter) -> list[asyncio.Task[None]]:
+    """Start the writer, send decisions for a, b and c, then ask to explain p."""
+    writer.start()
+    decisions = [
+        asyncio.create_task(writer.apply_status(f"ns/{n}", admit, verb="admit")) for n in "abc"
+    ]
+    await asyncio.sleep(0.05)
+    writer.explain("ns/p", message="waiting for quota", inadmissible=False)
+    return decisions
+
+
 def test_an_explanation_waits_until_no_decision_queues_for_a_slot() -> None:
     async def main() -> list[str]:
         api = HeldApi()
         writer = _writer(api, yield_seconds=5.0)
-        writer.start()
-        decisions = [
-            asyncio.create_task(writer.apply_status(f"ns/{n}", admit, verb="admit")) for n in "abc"
-        ]
-        await asyncio.sleep(0.05)
-        writer.explain("ns/p", message="waiting for quota", inadmissible=False)
+        decisions = await _three_decisions_then_an_explanation(writer)
         await asyncio.sleep(0.1)
         # a and b hold both decision slots and c waits for one: the explanation waits too.
         assert api.sent == ["a", "b"], api.sent
@@ -85,12 +91,7 @@ def test_an_explanation_waits_no_longer_than_its_yield_and_takes_no_decision_slo
     async def main() -> None:
         api = HeldApi()
         writer = _writer(api, yield_seconds=0.1)
-        writer.start()
-        decisions = [
-            asyncio.create_task(writer.apply_status(f"ns/{n}", admit, verb="admit")) for n in "abc"
-        ]
-        await asyncio.sleep(0.05)
-        writer.explain("ns/p", message="waiting for quota", inadmissible=False)
+        decisions = await _three_decisions_then_an_explanation(writer)
         await asyncio.sleep(0.3)
         # The decision backlog never cleared (a and b are held), yet the explanation went
         # out after its yield, on a slot of its own: c still waits for a decision slot.
