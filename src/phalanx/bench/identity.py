@@ -18,12 +18,12 @@ envtest's.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from phalanx.devcluster.kubeconfig import write_private_yaml
 from phalanx.operator.kube import ApiError, KubeApi, Resource
 
 __all__ = ["OPERATOR_ACCOUNT", "TOKEN_SECONDS", "operator_kubeconfig"]
@@ -87,10 +87,8 @@ async def operator_kubeconfig(api: KubeApi, admin: Path) -> Path:
     token = (review.get("status") or {}).get("token")
     if not token:
         raise RuntimeError(f"TokenRequest for {namespace}/{name} answered without a token")
-    path = admin.parent / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(with_token(yaml.safe_load(admin.read_text()), token, name)))
-    os.chmod(path, 0o600)
-    return path
+    config = with_token(yaml.safe_load(admin.read_text()), token, name)
+    return write_private_yaml(admin.parent / f"{name}.yaml", config)
 
 
 def with_token(config: dict[str, Any], token: str, user: str) -> dict[str, Any]:

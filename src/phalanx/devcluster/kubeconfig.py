@@ -53,8 +53,16 @@ def write_kubeconfig(
     """Write a kubeconfig (mode 0600: it holds a private key) and return its path."""
     doc = render_kubeconfig(server=server, ca_cert=ca_cert, client=client, user=user)
     path.parent.mkdir(parents=True, exist_ok=True)
+    return write_private_yaml(path, doc)
+
+
+def write_private_yaml(path: Path, doc: dict[str, Any]) -> Path:
+    """Write ``doc`` to ``path`` readable by its owner alone (it holds a key or a token):
+    created with mode 0600 beside it, then renamed over it, so no reader ever sees the
+    secret under a looser mode or the file half written."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # an earlier crash's leftover keeps the mode it had
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         yaml.safe_dump(doc, handle, sort_keys=False)
     os.replace(tmp, path)

@@ -4,16 +4,18 @@ and the API server's flags that depend on them."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import stat
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from phalanx.devcluster import components
-from phalanx.devcluster.kubeconfig import write_kubeconfig
+from phalanx.devcluster.kubeconfig import write_kubeconfig, write_private_yaml
 from phalanx.devcluster.pki import ensure_pki
 
 
@@ -81,6 +83,37 @@ def test_devcluster_kubeconfig_embeds_credentials(tmp_path: Path) -> None:
     assert doc["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:16443"
     assert doc["users"][0]["user"]["client-key-data"]
     assert doc["current-context"] == "admin@phalanx-dev"
+
+
+def test_a_secret_file_is_never_readable_by_others_not_even_while_written(
+    tmp_path: Path,
+) -> None:
+    # Catches a write-then-chmod (the file exists under the umask first) and a rewrite that
+    # keeps an earlier file's looser mode. The umask here lets everybody read a new file.
+    path = tmp_path / "token.yaml"
+    path.write_text("old: secret\n")
+    path.chmod(0o644)
+    leftover = tmp_path / ".token.yaml.tmp"
+    leftover.write_text("half")
+    leftover.chmod(0o666)
+    modes: list[int] = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *args: object, **kwargs: object) -> object:
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return real_fdopen(fd, *args, **kwargs)  # type: ignore[call-overload]
+
+    old_umask = os.umask(0)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fdopen", fdopen)
+            write_private_yaml(path, {"token": "t"})
+    finally:
+        os.umask(old_umask)
+    assert modes == [0o600], "created 0600 before a byte of it is written"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert yaml.safe_load(path.read_text()) == {"token": "t"}
+    assert not leftover.exists()
 
 
 def test_the_api_server_serves_pprof_only_when_asked(tmp_path: Path) -> None:
