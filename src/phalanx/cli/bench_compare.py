@@ -4,7 +4,8 @@
 Registered by ``bench_cmd`` (``register_compare``). Kueue's side is built from its pinned Go
 module (``phalanx.devcluster.kueue_perf``) and runs on an envtest control plane made of the
 local control plane's own kube-apiserver and etcd binaries; it runs first and alone, then
-Phalanx's side runs on the local control plane (started, or reused) with a fresh operator.
+Phalanx's side runs on the local control plane (started, or reused; with ``--fresh`` started
+anew from an empty etcd, as Kueue's side always is) with a fresh operator.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phalanx.cli.bench_e2e import add_fresh_argument
 from phalanx.cli.bench_scenario import ScenarioError, load_scenario, load_topology_file
 
 __all__ = ["register_compare"]
@@ -54,6 +56,7 @@ def register_compare(bench: Any) -> None:
         type=Path,
         help="devcluster state folder for Phalanx's side (default: the devcluster's)",
     )
+    add_fresh_argument(parser)
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -97,6 +100,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     timeout_s = args.timeout or DEFAULT_TIMEOUT_S
+    if args.fresh:
+        # Down before Kueue's side too: nothing of ours idles beside it.
+        from phalanx.devcluster import cluster as devcluster
+
+        devcluster.down(state_dir=args.state_dir, purge=True)
     _progress(f"Kueue {kueue_perf.KUEUE_VERSION}: runner + minimalkueue on envtest ({workdir})")
     attempts: list[Path] = []
     try:
@@ -137,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         workdir=workdir / "phalanx",
         timeout_s=timeout_s,
+        fresh=args.fresh,
     )
     e2e = result.to_json()
     (workdir / "phalanx-e2e.json").write_text(json.dumps(e2e, indent=2))

@@ -1,7 +1,8 @@
 """``phalanx bench e2e``: a Kueue scheduler-performance scenario through a real API server.
 
 Registered by ``bench_cmd`` (``register_e2e``). Without ``--kubeconfig`` it starts (or
-reuses) the local control plane, installs the CRDs and runs a fresh operator; with it, it
+reuses; with ``--fresh`` empties and restarts) the local control plane, installs the CRDs and
+runs a fresh operator; with it, it
 drives a cluster where an operator already runs (``--operator-metrics`` / ``--operator-pid``
 then say where to read its API writes and CPU time).
 """
@@ -107,6 +108,7 @@ def register_e2e(bench: Any) -> None:
         type=Path,
         help="devcluster state folder when no --kubeconfig is given (default: the devcluster's)",
     )
+    add_fresh_argument(parser)
     parser.add_argument("--operator-metrics", metavar="URL", help="with --kubeconfig: its /metrics")
     parser.add_argument(
         "--operator-pid", type=int, metavar="PID", help="with --kubeconfig: its pid"
@@ -126,8 +128,26 @@ def register_e2e(bench: Any) -> None:
     parser.set_defaults(func=_run)
 
 
+def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start the local control plane anew before the run: stop it and delete its state"
+        " folder (etcd's data, certificates, logs, every object in it), as Kueue's runner starts"
+        " envtest anew each run; without it a healthy control plane is reused",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     from phalanx.bench.e2e import E2EOptions, e2e_problems, run_e2e
+
+    if args.fresh and args.kubeconfig is not None:
+        print(
+            "error: --fresh restarts the local control plane; it cannot empty the cluster that"
+            " --kubeconfig names: drop one of the two",
+            file=sys.stderr,
+        )
+        return 2
 
     try:
         scenario = load_scenario(args.config)
@@ -156,6 +176,7 @@ def _run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             timeout_s=args.timeout,
             cleanup=not args.keep,
+            fresh=args.fresh,
         )
     else:
         options = E2EOptions(
@@ -201,13 +222,17 @@ def run_local(
     concurrency: int = 48,
     timeout_s: float | None = None,
     cleanup: bool = True,
+    fresh: bool = False,
 ) -> E2EResult:
-    """Bench e2e on the local control plane (started or reused) with a fresh operator,
-    measuring the API server's and etcd's CPU by their pids."""
+    """Bench e2e on the local control plane (started or reused; with ``fresh``, stopped,
+    its state folder deleted, and started anew) with a fresh operator, measuring the API
+    server's and etcd's CPU by their pids."""
     from phalanx.api.crds import generate_crds
     from phalanx.bench.e2e import E2EOptions, run_e2e
     from phalanx.devcluster import cluster as devcluster
 
+    if fresh:
+        devcluster.down(state_dir=state_dir, purge=True)
     status = devcluster.up(state_dir=state_dir)
     pids = {
         c.name: c.pid for c in status.components if c.pid and c.name in ("etcd", "kube-apiserver")

@@ -1,0 +1,62 @@
+"""``phalanx bench e2e --fresh`` runs on a control plane started anew: what the folder's
+earlier cluster held is gone, as in Kueue's runner, which starts envtest afresh each run.
+
+A control plane of its own (a folder under tmp_path), not the session's: ``--fresh`` deletes
+the folder it is given."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.devcluster import cluster as devcluster
+from phalanx.devcluster.handle import ClusterHandle
+
+pytestmark = pytest.mark.integration
+
+PHALANX = Path(sys.executable).with_name("phalanx")
+SCENARIO = Path(__file__).parent / "compare_small" / "generator.yaml"
+MARKER = "phalanx-bench-fresh-marker"
+
+
+def test_fresh_starts_from_an_empty_control_plane(tmp_path: Path) -> None:
+    # Catches --fresh ignored (the healthy cluster reused: the marker survives).
+    state_dir = tmp_path / "cluster"
+    try:
+        before = ClusterHandle.from_status(devcluster.up(state_dir=state_dir))
+        before.kubectl_ok("create", "configmap", MARKER, "-n", "default")
+        run = subprocess.run(
+            [
+                str(PHALANX),
+                "bench",
+                "e2e",
+                "--config",
+                str(SCENARIO),
+                "--state-dir",
+                str(state_dir),
+                "--fresh",
+                "--concurrency",
+                "16",
+                "--timeout",
+                "300",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert run.returncode in (0, 1), run.stderr[-4000:]
+        result = json.loads(run.stdout)
+        assert result["finished"] == result["workloads"] == 40, result
+        now = devcluster.status(state_dir=state_dir)
+        assert now.healthy, "the fresh control plane is left running, as a reused one is"
+        after = ClusterHandle.from_status(now)
+        gone = after.kubectl("get", "configmap", MARKER, "-n", "default")
+        assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout + gone.stderr
+    finally:
+        devcluster.down(state_dir=state_dir, purge=True)
