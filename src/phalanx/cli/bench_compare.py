@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.cli.bench_e2e import add_fresh_argument
+from phalanx.cli.bench_e2e import add_fresh_argument, fresh_problem
 from phalanx.cli.bench_scenario import ScenarioError, load_scenario, load_topology_file
 
 __all__ = ["register_compare"]
@@ -73,6 +73,10 @@ def register_compare(bench: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    problem = fresh_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.config)
         topology = load_topology_file(args.config)

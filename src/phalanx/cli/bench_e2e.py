@@ -2,9 +2,9 @@
 
 Registered by ``bench_cmd`` (``register_e2e``). Without ``--kubeconfig`` it starts (or
 reuses; with ``--fresh`` empties and restarts) the local control plane, installs the CRDs and
-runs a fresh operator; with it, it
-drives a cluster where an operator already runs (``--operator-metrics`` / ``--operator-pid``
-then say where to read its API writes and CPU time).
+runs a fresh operator; with it, it drives a cluster where an operator already runs
+(``--operator-metrics`` / ``--operator-pid`` then say where to read its API writes and CPU
+time).
 """
 
 from __future__ import annotations
@@ -138,15 +138,31 @@ def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def fresh_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--fresh`` cannot be taken with these arguments: it deletes a state folder, so
+    the folder must be named (never the devcluster's default, where the demo lives)."""
+    if not args.fresh:
+        return None
+    if getattr(args, "kubeconfig", None) is not None:
+        return (
+            "--fresh restarts the local control plane; it cannot empty the cluster that"
+            " --kubeconfig names: drop one of the two"
+        )
+    if args.state_dir is None:
+        return (
+            "--fresh deletes the local control plane's state folder: name one of the bench's"
+            " own with --state-dir (the default folder is the one `make demo` and your other"
+            " work use)"
+        )
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
     from phalanx.bench.e2e import E2EOptions, e2e_problems, run_e2e
 
-    if args.fresh and args.kubeconfig is not None:
-        print(
-            "error: --fresh restarts the local control plane; it cannot empty the cluster that"
-            " --kubeconfig names: drop one of the two",
-            file=sys.stderr,
-        )
+    problem = fresh_problem(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
 
     try:

@@ -1,6 +1,7 @@
-"""``--fresh`` starts the local control plane anew; it cannot apply to a cluster named by
-``--kubeconfig``, and is refused there before anything runs (the run on the local control
-plane is tests/integration/test_bench_fresh.py)."""
+"""``--fresh`` starts the local control plane anew, deleting its state folder: refused before
+anything runs with a cluster named by ``--kubeconfig``, or without a folder named by
+``--state-dir`` (the default one is the demo's). The run on the local control plane is
+tests/integration/test_bench_fresh.py."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ def test_fresh_with_a_kubeconfig_is_refused_naming_both_flags(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--fresh" in err and "--kubeconfig" in err and "drop one of the two" in err
+
+
+@pytest.mark.parametrize("command", ["e2e", "compare"])
+def test_fresh_without_a_state_dir_is_refused_and_deletes_nothing(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Catches --fresh purging the devcluster's default folder when no folder was named.
+    missing = tmp_path / "never-read.yaml"
+    assert main(["bench", command, "--config", str(missing), "--fresh"]) == 2
+    err = capsys.readouterr().err
+    assert "--fresh" in err and "--state-dir" in err, err
+    assert "never-read.yaml" not in err, "refused before the config is read"
 
 
 def test_both_bench_commands_take_fresh(capsys: pytest.CaptureFixture[str]) -> None:
