@@ -1,7 +1,8 @@
 """``phalanx bench e2e --fresh`` runs on a control plane started anew: what the folder's
 earlier cluster held is gone, as in Kueue's runner, which starts envtest afresh each run.
+``--bare`` also runs the measured part on etcd and kube-apiserver alone, as envtest does.
 
-A control plane of its own (a folder under tmp_path), not the session's: ``--fresh`` deletes
+Control planes of their own (folders under tmp_path), not the session's: ``--fresh`` deletes
 the folder it is given."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,40 +25,62 @@ SCENARIO = Path(__file__).parent / "compare_small" / "generator.yaml"
 MARKER = "phalanx-bench-fresh-marker"
 
 
+def _bench(state_dir: Path, flag: str) -> dict[str, Any]:
+    run = subprocess.run(
+        [
+            str(PHALANX),
+            "bench",
+            "e2e",
+            "--config",
+            str(SCENARIO),
+            "--state-dir",
+            str(state_dir),
+            flag,
+            "--concurrency",
+            "16",
+            "--timeout",
+            "300",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert run.returncode in (0, 1), run.stderr[-4000:]
+    result: dict[str, Any] = json.loads(run.stdout)
+    assert result["finished"] == result["workloads"] == 40, result
+    return result
+
+
 def test_fresh_starts_from_an_empty_control_plane(tmp_path: Path) -> None:
     # Catches --fresh ignored (the healthy cluster reused: the marker survives).
     state_dir = tmp_path / "cluster"
     try:
         before = ClusterHandle.from_status(devcluster.up(state_dir=state_dir))
         before.kubectl_ok("create", "configmap", MARKER, "-n", "default")
-        run = subprocess.run(
-            [
-                str(PHALANX),
-                "bench",
-                "e2e",
-                "--config",
-                str(SCENARIO),
-                "--state-dir",
-                str(state_dir),
-                "--fresh",
-                "--concurrency",
-                "16",
-                "--timeout",
-                "300",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        assert run.returncode in (0, 1), run.stderr[-4000:]
-        result = json.loads(run.stdout)
-        assert result["finished"] == result["workloads"] == 40, result
+        result = _bench(state_dir, "--fresh")
+        assert result["stopped_components"] == []
         now = devcluster.status(state_dir=state_dir)
         assert now.healthy, "the fresh control plane is left running, as a reused one is"
         after = ClusterHandle.from_status(now)
         gone = after.kubectl("get", "configmap", MARKER, "-n", "default")
         assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout + gone.stderr
+    finally:
+        devcluster.down(state_dir=state_dir, purge=True)
+
+
+def test_bare_runs_on_etcd_and_the_api_server_alone(tmp_path: Path) -> None:
+    # Catches --bare ignored (the three still running, or not reported), the run failing
+    # without them, and a bare plane that `up` cannot make whole again.
+    state_dir = tmp_path / "cluster"
+    try:
+        result = _bench(state_dir, "--bare")
+        assert result["stopped_components"] == list(devcluster.BARE_STOPPED)
+        after = {c.name: c for c in devcluster.status(state_dir=state_dir).components}
+        assert after["etcd"].healthy and after["kube-apiserver"].healthy, after
+        for name in devcluster.BARE_STOPPED:
+            assert not after[name].running, after[name]
+        assert devcluster.up(state_dir=state_dir).healthy
     finally:
         devcluster.down(state_dir=state_dir, purge=True)

@@ -30,7 +30,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,10 @@ class E2EOptions:
     operator_service_account: bool = False
     """Start the operator with a ServiceAccount token of its own, as an installed operator
     runs (:mod:`phalanx.bench.identity`), rather than with ``kubeconfig``'s credentials."""
+    before_run: Callable[[], Sequence[str]] | None = None
+    """Called (in a thread) once the scenario's nodes and queues are in place and the
+    operator runs, before the measured run; returns the names of the control-plane
+    components it stopped, which the result reports (``bench e2e --bare``)."""
 
 
 def operator_store(workdir: Path, environ: Mapping[str, str]) -> str:
@@ -130,6 +134,7 @@ class _Run:
         self.create_errors = 0
         self.finish_writes = 0
         self.checker = InvariantChecker()
+        self.stopped_components: tuple[str, ...] = ()
 
     @property
     def kube(self) -> KubeApi:
@@ -163,6 +168,8 @@ class _Run:
             await self.objects.create_topology()
             await self.objects.create_queues()
             await self.objects.wait_active()
+            if self.options.before_run is not None:
+                self.stopped_components = tuple(await asyncio.to_thread(self.options.before_run))
             setup_s = time.monotonic() - started
             tracker = WorkloadTracker(self.workloads, finish=self._finish)
 
@@ -460,6 +467,7 @@ class _Run:
             finish_writes=self.finish_writes,
             invariant_problems=problems,
             setup_s=setup_s,
+            stopped_components=self.stopped_components,
             operator_log=str(self.operator.log) if self.operator is not None else None,
             release_latency_p50_ms=int(percentile(releases, 50)),
             release_latency_p99_ms=int(percentile(releases, 99)),

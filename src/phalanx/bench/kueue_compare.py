@@ -249,6 +249,7 @@ def phalanx_side(e2e: dict[str, Any]) -> Side:
                 name: c["avg_time_to_admission_ms"] for name, c in sorted(classes.items())
             },
             "api_writes_per_admission": e2e.get("api_writes_per_admission"),
+            "stopped_components": list(e2e.get("stopped_components") or ()),
         },
     )
 
@@ -392,6 +393,14 @@ def render(comparison: Comparison) -> str:
         f" {_cell(p.apiserver_cpu_s, 1)}; controller Kueue {_cell(k.controller_cpu_s, 1)},"
         f" Phalanx {_cell(p.controller_cpu_s, 1)}; etcd Kueue {_cell(k.etcd_cpu_s, 1)},"
         f" Phalanx {_cell(p.etcd_cpu_s, 1)}"
+    )
+    stopped = p.extra.get("stopped_components") or []
+    lines.append(
+        "  Phalanx's side ran on etcd and kube-apiserver alone, as Kueue's envtest does"
+        f" (--bare: {', '.join(stopped)} stopped after the set-up)"
+        if stopped
+        else "  Phalanx's side ran on the whole local control plane: kube-controller-manager,"
+        " kube-scheduler and KWOK too (--bare stops them after the set-up)"
     )
     runs = int(k.extra.get("runs") or 1)
     if runs > 1:

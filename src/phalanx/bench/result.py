@@ -82,10 +82,13 @@ class E2EResult:
     tas_nodes: int = 0
     """Nodes the run created for a TAS scenario (0 otherwise)."""
     tas_assignments_checked: int = 0
+    """Reservations of TAS Workloads whose topologyAssignment the run judged."""
     timeline: str | None = None
     """``workloads.csv``: each Workload's times, in ms from ``timeline_origin_unix_ms``."""
     timeline_origin_unix_ms: int = 0
-    """Reservations of TAS Workloads whose topologyAssignment the run judged."""
+    stopped_components: tuple[str, ...] = ()
+    """Control-plane components stopped before the measured run (``--bare``: all but etcd
+    and kube-apiserver, as in Kueue's envtest); empty when the whole plane ran."""
 
     def as_bench_result(self) -> BenchResult:
         """The bench-core view, wall time being real: what Kueue's rangespec checks."""
@@ -180,6 +183,7 @@ class E2EResult:
             "finish_writes": self.finish_writes,
             "invariant_problems": list(self.invariant_problems),
             "setup_s": round(self.setup_s, 1),
+            "stopped_components": list(self.stopped_components),
             "operator_log": self.operator_log,
             "timeline": self.timeline,
             "timeline_origin_unix_ms": self.timeline_origin_unix_ms,

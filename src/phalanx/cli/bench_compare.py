@@ -5,7 +5,8 @@ Registered by ``bench_cmd`` (``register_compare``). Kueue's side is built from i
 module (``phalanx.devcluster.kueue_perf``) and runs on an envtest control plane made of the
 local control plane's own kube-apiserver and etcd binaries; it runs first and alone, then
 Phalanx's side runs on the local control plane (started, or reused; with ``--fresh`` started
-anew from an empty etcd, as Kueue's side always is) with a fresh operator.
+anew from an empty etcd, as Kueue's side always is; with ``--bare`` also reduced to etcd and
+kube-apiserver for the measured run, as Kueue's envtest is) with a fresh operator.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     timeout_s = args.timeout or DEFAULT_TIMEOUT_S
-    if args.fresh:
+    if args.fresh or args.bare:
         # Down before Kueue's side too: nothing of ours idles beside it.
         from phalanx.devcluster import cluster as devcluster
 
@@ -149,7 +150,8 @@ def _run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         workdir=workdir / "phalanx",
         timeout_s=timeout_s,
-        fresh=args.fresh,
+        fresh=args.fresh or args.bare,
+        bare=args.bare,
     )
     e2e = result.to_json()
     (workdir / "phalanx-e2e.json").write_text(json.dumps(e2e, indent=2))

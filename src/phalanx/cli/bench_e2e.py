@@ -1,8 +1,9 @@
 """``phalanx bench e2e``: a Kueue scheduler-performance scenario through a real API server.
 
 Registered by ``bench_cmd`` (``register_e2e``). Without ``--kubeconfig`` it starts (or
-reuses; with ``--fresh`` empties and restarts) the local control plane, installs the CRDs and
-runs a fresh operator; with it, it drives a cluster where an operator already runs
+reuses; with ``--fresh`` empties and restarts; with ``--bare`` also runs the measured part on
+etcd and kube-apiserver alone) the local control plane, installs the CRDs and runs a fresh
+operator; with it, it drives a cluster where an operator already runs
 (``--operator-metrics`` / ``--operator-pid`` then say where to read its API writes and CPU
 time).
 """
@@ -129,6 +130,7 @@ def register_e2e(bench: Any) -> None:
 
 
 def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
+    """``--fresh`` and ``--bare``, shared by ``bench e2e`` and ``bench compare``."""
     parser.add_argument(
         "--fresh",
         action="store_true",
@@ -136,21 +138,31 @@ def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
         " folder (etcd's data, certificates, logs, every object in it), as Kueue's runner starts"
         " envtest anew each run; without it a healthy control plane is reused",
     )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="--fresh, and once the scenario's nodes and queues are in place stop KWOK,"
+        " kube-scheduler and kube-controller-manager, so that the run has etcd and"
+        " kube-apiserver alone, as Kueue's envtest has; `phalanx devcluster up` with the same"
+        " --state-dir starts the whole plane again",
+    )
 
 
 def fresh_problem(args: argparse.Namespace) -> str | None:
-    """Why ``--fresh`` cannot be taken with these arguments: it deletes a state folder, so
-    the folder must be named (never the devcluster's default, where the demo lives)."""
-    if not args.fresh:
+    """Why ``--fresh`` (or ``--bare``, which implies it) cannot be taken with these
+    arguments: it deletes a state folder, so the folder must be named (never the
+    devcluster's default, where the demo lives)."""
+    if not (args.fresh or args.bare):
         return None
+    flag = "--bare" if args.bare else "--fresh"
     if getattr(args, "kubeconfig", None) is not None:
         return (
-            "--fresh restarts the local control plane; it cannot empty the cluster that"
+            f"{flag} restarts the local control plane; it cannot empty the cluster that"
             " --kubeconfig names: drop one of the two"
         )
     if args.state_dir is None:
         return (
-            "--fresh deletes the local control plane's state folder: name one of the bench's"
+            f"{flag} deletes the local control plane's state folder: name one of the bench's"
             " own with --state-dir (the default folder is the one `make demo` and your other"
             " work use)"
         )
@@ -192,7 +204,8 @@ def _run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             timeout_s=args.timeout,
             cleanup=not args.keep,
-            fresh=args.fresh,
+            fresh=args.fresh or args.bare,
+            bare=args.bare,
         )
     else:
         options = E2EOptions(
@@ -239,10 +252,12 @@ def run_local(
     timeout_s: float | None = None,
     cleanup: bool = True,
     fresh: bool = False,
+    bare: bool = False,
 ) -> E2EResult:
     """Bench e2e on the local control plane (started or reused; with ``fresh``, stopped,
     its state folder deleted, and started anew) with a fresh operator, measuring the API
-    server's and etcd's CPU by their pids."""
+    server's and etcd's CPU by their pids. ``bare``: only etcd and kube-apiserver run from
+    the end of the set-up on (:func:`phalanx.devcluster.cluster.stop_to_bare`)."""
     from phalanx.api.crds import generate_crds
     from phalanx.bench.e2e import E2EOptions, run_e2e
     from phalanx.devcluster import cluster as devcluster
@@ -250,6 +265,10 @@ def run_local(
     if fresh:
         devcluster.down(state_dir=state_dir, purge=True)
     status = devcluster.up(state_dir=state_dir)
+
+    def stop_to_bare() -> list[str]:
+        return devcluster.stop_to_bare(state_dir=state_dir)
+
     pids = {
         c.name: c.pid for c in status.components if c.pid and c.name in ("etcd", "kube-apiserver")
     }
@@ -263,6 +282,7 @@ def run_local(
         control_plane_pids=pids,
         cleanup=cleanup,
         operator_service_account=True,
+        before_run=stop_to_bare if bare else None,
     )
     return run_e2e(scenario, options, topology=topology)
 
@@ -315,6 +335,8 @@ def _print_human(r: dict[str, Any], problems: list[str]) -> None:
         )
     print(f"  writes by kind/verb: {r['api_writes_by_verb']}")
     print(f"  control plane CPU {r['control_plane_cpu_s']}, bench CPU {r['bench_cpu_s']} s")
+    if r["stopped_components"]:
+        print(f"  stopped before the run (--bare): {', '.join(r['stopped_components'])}")
     print("  workload classes (avg time to admission from the scheduled creation):")
     for name, c in r["classes"].items():
         print(

@@ -210,6 +210,51 @@ def down(*, state_dir: Path | None = None, purge: bool = False) -> list[str]:
     return stopped
 
 
+BARE_STOPPED = ("kwok", "kube-scheduler", "kube-controller-manager")
+"""What :func:`stop_to_bare` stops: etcd and kube-apiserver are what Kueue's envtest runs."""
+
+
+def stop_to_bare(*, state_dir: Path | None = None) -> list[str]:
+    """Stop KWOK, kube-scheduler and kube-controller-manager of a running control plane and
+    leave etcd and kube-apiserver serving: the control plane of Kueue's envtest harness.
+    Returns the names stopped. Nothing then keeps nodes' heartbeats, collects garbage or
+    finishes namespace deletion; ``up`` finds the plane unhealthy and starts it whole again.
+
+    Raises ``DevclusterError`` when no control plane is recorded there, or one of the three
+    survives SIGKILL.
+    """
+    layout = Layout(state_dir or default_state_dir())
+    with file_lock(layout.lock_file):
+        state = load_state(layout)
+        if state is None:
+            raise DevclusterError(f"no local control plane is recorded in {layout.state_dir}")
+        remaining = dict(state.processes)
+        stopped: list[str] = []
+        stubborn: list[str] = []
+        for name in BARE_STOPPED:
+            record = remaining.get(name)
+            if record is None:
+                continue
+            if processes.stop(record):
+                del remaining[name]
+                stopped.append(name)
+            else:
+                stubborn.append(f"{name} (pid {record.pid})")
+        save_state(
+            layout,
+            ClusterState(
+                ports=state.ports,
+                bin_dir=state.bin_dir,
+                topology=state.topology,
+                expected_nodes=state.expected_nodes,
+                processes=remaining,
+            ),
+        )
+        if stubborn:
+            raise DevclusterError(f"could not stop: {', '.join(stubborn)}")
+    return stopped
+
+
 def log_tails(state_dir: Path | None = None, *, lines: int = 25) -> str:
     """The last lines of every component's log, for error reports."""
     layout = Layout(state_dir or default_state_dir())

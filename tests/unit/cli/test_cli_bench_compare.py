@@ -158,3 +158,19 @@ def test_the_report_says_when_kueues_side_ran_again(kueue_dir: Path) -> None:
         compare("s", kueue, _phalanx())
     )
     assert compare("s", kueue, _phalanx()).to_json()["kueue"]["runs"] == 2
+
+
+def test_the_report_says_which_control_plane_phalanxs_side_ran_on(kueue_dir: Path) -> None:
+    # Catches a --bare run reported as if the whole plane had run, and the reverse.
+    kueue = parse_kueue_output(kueue_dir)
+    whole = render(compare("s", kueue, _phalanx()))
+    assert "ran on the whole local control plane" in whole and "alone" not in whole
+    e2e = json.loads((SAMPLE / "phalanx-e2e.json").read_text())
+    e2e["stopped_components"] = ["kwok", "kube-scheduler", "kube-controller-manager"]
+    bare = compare("s", kueue, phalanx_side(e2e))
+    text = render(bare)
+    assert (
+        "ran on etcd and kube-apiserver alone, as Kueue's envtest does (--bare: kwok,"
+        " kube-scheduler, kube-controller-manager stopped after the set-up)"
+    ) in text
+    assert bare.to_json()["phalanx"]["stopped_components"] == e2e["stopped_components"]
