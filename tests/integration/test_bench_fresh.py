@@ -25,7 +25,7 @@ SCENARIO = Path(__file__).parent / "compare_small" / "generator.yaml"
 MARKER = "phalanx-bench-fresh-marker"
 
 
-def _bench(state_dir: Path, flag: str) -> dict[str, Any]:
+def _bench(state_dir: Path, *flags: str) -> dict[str, Any]:
     run = subprocess.run(
         [
             str(PHALANX),
@@ -35,7 +35,7 @@ def _bench(state_dir: Path, flag: str) -> dict[str, Any]:
             str(SCENARIO),
             "--state-dir",
             str(state_dir),
-            flag,
+            *flags,
             "--concurrency",
             "16",
             "--timeout",
@@ -61,6 +61,7 @@ def test_fresh_starts_from_an_empty_control_plane(tmp_path: Path) -> None:
         before.kubectl_ok("create", "configmap", MARKER, "-n", "default")
         result = _bench(state_dir, "--fresh")
         assert result["stopped_components"] == []
+        assert result["v1beta1_served"] is True
         now = devcluster.status(state_dir=state_dir)
         assert now.healthy, "the fresh control plane is left running, as a reused one is"
         after = ClusterHandle.from_status(now)
@@ -70,17 +71,26 @@ def test_fresh_starts_from_an_empty_control_plane(tmp_path: Path) -> None:
         devcluster.down(state_dir=state_dir, purge=True)
 
 
-def test_bare_runs_on_etcd_and_the_api_server_alone(tmp_path: Path) -> None:
+def test_bare_runs_on_etcd_and_the_api_server_alone_and_v1beta1_off_serves_none(
+    tmp_path: Path,
+) -> None:
     # Catches --bare ignored (the three still running, or not reported), the run failing
-    # without them, and a bare plane that `up` cannot make whole again.
+    # without them, a bare plane that `up` cannot make whole again, and --v1beta1 off
+    # installing CRDs that still serve v1beta1.
     state_dir = tmp_path / "cluster"
     try:
-        result = _bench(state_dir, "--bare")
+        result = _bench(state_dir, "--bare", "--v1beta1", "off")
         assert result["stopped_components"] == list(devcluster.BARE_STOPPED)
+        assert result["v1beta1_served"] is False
         after = {c.name: c for c in devcluster.status(state_dir=state_dir).components}
         assert after["etcd"].healthy and after["kube-apiserver"].healthy, after
         for name in devcluster.BARE_STOPPED:
             assert not after[name].running, after[name]
-        assert devcluster.up(state_dir=state_dir).healthy
+        cluster = ClusterHandle.from_status(devcluster.up(state_dir=state_dir))
+        assert devcluster.status(state_dir=state_dir).healthy
+        v1beta2 = cluster.kubectl("get", "workloads.v1beta2.kueue.x-k8s.io", "-A")
+        assert v1beta2.returncode == 0, v1beta2.stderr
+        v1beta1 = cluster.kubectl("get", "workloads.v1beta1.kueue.x-k8s.io", "-A")
+        assert v1beta1.returncode != 0, v1beta1.stdout
     finally:
         devcluster.down(state_dir=state_dir, purge=True)

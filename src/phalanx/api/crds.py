@@ -45,8 +45,11 @@ def crd_file_name(info: KindInfo) -> str:
     return f"{GROUP}_{info.plural}.yaml"
 
 
-def generate_crd(info: KindInfo) -> dict[str, Any]:
-    """The CustomResourceDefinition of one kind."""
+def generate_crd(info: KindInfo, *, serve_v1beta1: bool = True) -> dict[str, Any]:
+    """The CustomResourceDefinition of one kind. ``serve_v1beta1=False`` keeps v1beta1 in
+    the list (objects stored as v1beta1 still convert through it) but not served: the API
+    server then keeps no watch cache of v1beta1, which it would otherwise fill by converting
+    every change of a webhook-converted kind through the operator (docs/install.md)."""
     schema = structural_schema(info.model, RULES, top_properties=_OBJECT_FIELDS)
     if not schema.get("required"):
         schema.pop("required", None)
@@ -85,7 +88,7 @@ def generate_crd(info: KindInfo) -> dict[str, Any]:
             },
             "scope": "Namespaced" if info.namespaced else "Cluster",
             # v1beta2 is stored, and preferred by discovery (it ranks above v1beta1).
-            "versions": [version, v1beta1_version(info.kind, version)],
+            "versions": [version, {**v1beta1_version(info.kind, version), "served": serve_v1beta1}],
         },
     }
 
@@ -104,16 +107,19 @@ def render_crd(crd: dict[str, Any]) -> str:
     return HEADER + "---\n" + body
 
 
-def generate_crds() -> dict[str, str]:
+def generate_crds(*, serve_v1beta1: bool = True) -> dict[str, str]:
     """File name to YAML text, for every served kind."""
-    return {crd_file_name(info): render_crd(generate_crd(info)) for info in KINDS}
+    return {
+        crd_file_name(info): render_crd(generate_crd(info, serve_v1beta1=serve_v1beta1))
+        for info in KINDS
+    }
 
 
-def write_crds(directory: Path) -> list[Path]:
+def write_crds(directory: Path, *, serve_v1beta1: bool = True) -> list[Path]:
     """Write one file per kind into ``directory`` (created if missing); return the paths."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in sorted(generate_crds().items()):
+    for name, text in sorted(generate_crds(serve_v1beta1=serve_v1beta1).items()):
         path = directory / name
         path.write_text(text, encoding="utf-8")
         written.append(path)

@@ -98,6 +98,17 @@ class E2EOptions:
     components it stopped, which the result reports (``bench e2e --bare``)."""
 
 
+def _v1beta1_served(crds: Sequence[Mapping[str, Any]]) -> bool | None:
+    """Whether any of the CRDs a run installs serves v1beta1; None when it installs none."""
+    if not crds:
+        return None
+    return any(
+        v.get("name") == "v1beta1" and v.get("served")
+        for crd in crds
+        for v in crd.get("spec", {}).get("versions", ())
+    )
+
+
 def operator_store(workdir: Path, environ: Mapping[str, str]) -> str:
     """The history store of the operator a run starts. The run's Workloads are not the
     user's: a fresh SQLite file in the run's folder, not the default store (whose history
@@ -468,6 +479,7 @@ class _Run:
             invariant_problems=problems,
             setup_s=setup_s,
             stopped_components=self.stopped_components,
+            v1beta1_served=_v1beta1_served(self.options.crds),
             operator_log=str(self.operator.log) if self.operator is not None else None,
             release_latency_p50_ms=int(percentile(releases, 50)),
             release_latency_p99_ms=int(percentile(releases, 99)),

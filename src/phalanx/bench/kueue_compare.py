@@ -250,6 +250,7 @@ def phalanx_side(e2e: dict[str, Any]) -> Side:
             },
             "api_writes_per_admission": e2e.get("api_writes_per_admission"),
             "stopped_components": list(e2e.get("stopped_components") or ()),
+            "v1beta1_served": e2e.get("v1beta1_served"),
         },
     )
 
@@ -402,6 +403,17 @@ def render(comparison: Comparison) -> str:
         else "  Phalanx's side ran on the whole local control plane: kube-controller-manager,"
         " kube-scheduler and KWOK too (--bare stops them after the set-up)"
     )
+    if p.extra.get("v1beta1_served") is False:
+        lines.append(
+            "  Phalanx's CRDs served v1beta2 alone (--v1beta1 off): no v1beta1 watch cache"
+            " converting through the webhook (Kueue's envtest CRDs convert v1beta1 without one)"
+        )
+    elif p.extra.get("v1beta1_served"):
+        lines.append(
+            "  Phalanx's CRDs served v1beta1 too, as installed by default: the API server"
+            " converted every Workload and queue change through the operator's webhook for its"
+            " v1beta1 watch cache (Kueue's envtest CRDs convert v1beta1 without one)"
+        )
     runs = int(k.extra.get("runs") or 1)
     if runs > 1:
         lines.append(

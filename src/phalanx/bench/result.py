@@ -87,6 +87,8 @@ class E2EResult:
     """``workloads.csv``: each Workload's times, in ms from ``timeline_origin_unix_ms``."""
     timeline_origin_unix_ms: int = 0
     stopped_components: tuple[str, ...] = ()
+    v1beta1_served: bool | None = None
+    """Whether the CRDs the run installed serve v1beta1 (None: it installed none)."""
     """Control-plane components stopped before the measured run (``--bare``: all but etcd
     and kube-apiserver, as in Kueue's envtest); empty when the whole plane ran."""
 
@@ -184,6 +186,7 @@ class E2EResult:
             "invariant_problems": list(self.invariant_problems),
             "setup_s": round(self.setup_s, 1),
             "stopped_components": list(self.stopped_components),
+            "v1beta1_served": self.v1beta1_served,
             "operator_log": self.operator_log,
             "timeline": self.timeline,
             "timeline_origin_unix_ms": self.timeline_origin_unix_ms,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phalanx.cli.bench_e2e import add_fresh_argument, fresh_problem
+from phalanx.cli.bench_e2e import add_control_plane_arguments, control_plane_problem
 from phalanx.cli.bench_scenario import ScenarioError, load_scenario, load_topology_file
 
 __all__ = ["register_compare"]
@@ -57,7 +57,7 @@ def register_compare(bench: Any) -> None:
         type=Path,
         help="devcluster state folder for Phalanx's side (default: the devcluster's)",
     )
-    add_fresh_argument(parser)
+    add_control_plane_arguments(parser)
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -74,7 +74,7 @@ def register_compare(bench: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    problem = fresh_problem(args)
+    problem = control_plane_problem(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -152,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         timeout_s=timeout_s,
         fresh=args.fresh or args.bare,
         bare=args.bare,
+        serve_v1beta1=args.v1beta1 == "served",
     )
     e2e = result.to_json()
     (workdir / "phalanx-e2e.json").write_text(json.dumps(e2e, indent=2))

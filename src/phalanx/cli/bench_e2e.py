@@ -109,7 +109,7 @@ def register_e2e(bench: Any) -> None:
         type=Path,
         help="devcluster state folder when no --kubeconfig is given (default: the devcluster's)",
     )
-    add_fresh_argument(parser)
+    add_control_plane_arguments(parser)
     parser.add_argument("--operator-metrics", metavar="URL", help="with --kubeconfig: its /metrics")
     parser.add_argument(
         "--operator-pid", type=int, metavar="PID", help="with --kubeconfig: its pid"
@@ -129,7 +129,7 @@ def register_e2e(bench: Any) -> None:
     parser.set_defaults(func=_run)
 
 
-def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
+def add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
     """``--fresh`` and ``--bare``, shared by ``bench e2e`` and ``bench compare``."""
     parser.add_argument(
         "--fresh",
@@ -146,12 +146,28 @@ def add_fresh_argument(parser: argparse.ArgumentParser) -> None:
         " kube-apiserver alone, as Kueue's envtest has; `phalanx devcluster up` with the same"
         " --state-dir starts the whole plane again",
     )
+    parser.add_argument(
+        "--v1beta1",
+        choices=("served", "off"),
+        default="served",
+        help="the CRDs the run installs: served (default) serves v1beta1 beside v1beta2, as"
+        " an install does by default, and the API server converts every change of a Workload"
+        " or queue through the operator's webhook for its v1beta1 watch cache; off installs"
+        " them as `phalanx crds --v1beta1 off` writes them (Kueue's envtest CRDs convert"
+        " v1beta1 without a webhook)",
+    )
 
 
-def fresh_problem(args: argparse.Namespace) -> str | None:
+def control_plane_problem(args: argparse.Namespace) -> str | None:
     """Why ``--fresh`` (or ``--bare``, which implies it) cannot be taken with these
     arguments: it deletes a state folder, so the folder must be named (never the
-    devcluster's default, where the demo lives)."""
+    devcluster's default, where the demo lives). ``--v1beta1 off`` chooses the CRDs the run
+    installs, so it needs the local control plane too."""
+    if args.v1beta1 != "served" and getattr(args, "kubeconfig", None) is not None:
+        return (
+            "--v1beta1 off chooses the CRDs the run installs on the local control plane; with"
+            " --kubeconfig the cluster's own CRDs are used: drop one of the two"
+        )
     if not (args.fresh or args.bare):
         return None
     flag = "--bare" if args.bare else "--fresh"
@@ -172,7 +188,7 @@ def fresh_problem(args: argparse.Namespace) -> str | None:
 def _run(args: argparse.Namespace) -> int:
     from phalanx.bench.e2e import E2EOptions, e2e_problems, run_e2e
 
-    problem = fresh_problem(args)
+    problem = control_plane_problem(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -206,6 +222,7 @@ def _run(args: argparse.Namespace) -> int:
             cleanup=not args.keep,
             fresh=args.fresh or args.bare,
             bare=args.bare,
+            serve_v1beta1=args.v1beta1 == "served",
         )
     else:
         options = E2EOptions(
@@ -253,11 +270,13 @@ def run_local(
     cleanup: bool = True,
     fresh: bool = False,
     bare: bool = False,
+    serve_v1beta1: bool = True,
 ) -> E2EResult:
     """Bench e2e on the local control plane (started or reused; with ``fresh``, stopped,
     its state folder deleted, and started anew) with a fresh operator, measuring the API
     server's and etcd's CPU by their pids. ``bare``: only etcd and kube-apiserver run from
-    the end of the set-up on (:func:`phalanx.devcluster.cluster.stop_to_bare`)."""
+    the end of the set-up on (:func:`phalanx.devcluster.cluster.stop_to_bare`);
+    ``serve_v1beta1``: the CRDs installed serve v1beta1 (:func:`phalanx.api.crds.generate_crd`)."""
     from phalanx.api.crds import generate_crds
     from phalanx.bench.e2e import E2EOptions, run_e2e
     from phalanx.devcluster import cluster as devcluster
@@ -276,7 +295,9 @@ def run_local(
         kubeconfig=status.kubeconfig,
         workdir=workdir,
         start_operator=True,
-        crds=tuple(yaml.safe_load(text) for text in generate_crds().values()),
+        crds=tuple(
+            yaml.safe_load(text) for text in generate_crds(serve_v1beta1=serve_v1beta1).values()
+        ),
         concurrency=concurrency,
         timeout_s=timeout_s,
         control_plane_pids=pids,
@@ -335,6 +356,8 @@ def _print_human(r: dict[str, Any], problems: list[str]) -> None:
         )
     print(f"  writes by kind/verb: {r['api_writes_by_verb']}")
     print(f"  control plane CPU {r['control_plane_cpu_s']}, bench CPU {r['bench_cpu_s']} s")
+    if r["v1beta1_served"] is False:
+        print("  CRDs installed with v1beta1 not served (--v1beta1 off)")
     if r["stopped_components"]:
         print(f"  stopped before the run (--bare): {', '.join(r['stopped_components'])}")
     print("  workload classes (avg time to admission from the scheduled creation):")

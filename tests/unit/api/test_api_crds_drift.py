@@ -35,3 +35,18 @@ def test_api_crds_generation_is_deterministic(tmp_path):
     main(["crds", "--output", str(second)])
     for path in first.iterdir():
         assert path.read_bytes() == (second / path.name).read_bytes()
+
+
+def test_crds_v1beta1_off_writes_the_same_crds_with_v1beta1_not_served(tmp_path):
+    import yaml
+
+    served, off = tmp_path / "served", tmp_path / "off"
+    assert main(["crds", "--output", str(served)]) == 0
+    assert main(["crds", "--output", str(off), "--v1beta1", "off"]) == 0
+    for path in sorted(served.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        other = yaml.safe_load((off / path.name).read_text())
+        for version in other["spec"]["versions"]:
+            assert version["served"] is (version["name"] == "v1beta2"), path.name
+            version["served"] = True
+        assert other == crd, path.name

@@ -398,6 +398,19 @@ def test_v1beta1_is_served_deprecated_and_not_stored(kind: str) -> None:
         assert conversion == {"strategy": "None"}
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS.values()))
+def test_with_v1beta1_off_it_stays_listed_and_converting_but_is_not_served(kind: str) -> None:
+    # Catches the option ignored (still served), and v1beta1 dropped from the list: objects
+    # stored as v1beta1 need it listed, and the conversion to read them.
+    served = generate_crd(kind_info(kind))
+    off = generate_crd(kind_info(kind), serve_v1beta1=False)
+    versions = {v["name"]: v for v in off["spec"]["versions"]}
+    assert versions["v1beta1"]["served"] is False and versions["v1beta2"]["served"] is True
+    assert off["spec"]["conversion"] == served["spec"]["conversion"]
+    same = {**versions["v1beta1"], "served": True}
+    assert [versions["v1beta2"], same] == served["spec"]["versions"]
+
+
 def test_the_webhook_converts_exactly_the_kinds_whose_fields_differ_and_cohort_as_in_kueue() -> (
     None
 ):

@@ -174,3 +174,16 @@ def test_the_report_says_which_control_plane_phalanxs_side_ran_on(kueue_dir: Pat
         " kube-scheduler, kube-controller-manager stopped after the set-up)"
     ) in text
     assert bare.to_json()["phalanx"]["stopped_components"] == e2e["stopped_components"]
+
+
+def test_the_report_says_whether_phalanxs_crds_served_v1beta1(kueue_dir: Path) -> None:
+    # Catches a run without v1beta1 reported as the default install, and the reverse.
+    kueue = parse_kueue_output(kueue_dir)
+    e2e = json.loads((SAMPLE / "phalanx-e2e.json").read_text())
+    e2e["v1beta1_served"] = True
+    served = render(compare("s", kueue, phalanx_side(e2e)))
+    assert "served v1beta1 too, as installed by default" in served
+    e2e["v1beta1_served"] = False
+    off = compare("s", kueue, phalanx_side(e2e))
+    assert "served v1beta2 alone (--v1beta1 off)" in render(off)
+    assert off.to_json()["phalanx"]["v1beta1_served"] is False

@@ -44,3 +44,15 @@ def test_both_bench_commands_take_fresh_and_bare(capsys: pytest.CaptureFixture[s
             main(["bench", command, "--help"])
         out = capsys.readouterr().out
         assert "--fresh" in out and "--bare" in out, command
+
+
+def test_v1beta1_off_with_a_kubeconfig_is_refused_naming_both_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Catches --v1beta1 off silently ignored on a cluster whose CRDs the run does not install.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")  # never read: refused first
+    argv = ["bench", "e2e", "--config", "g.yaml", "--v1beta1", "off"]
+    assert main([*argv, "--kubeconfig", str(kubeconfig)]) == 2
+    err = capsys.readouterr().err
+    assert "--v1beta1 off" in err and "--kubeconfig" in err and "drop one of the two" in err
