@@ -130,7 +130,16 @@ def test_every_command_of_the_page_runs(tmp_path: Path):
     ran = 0
     for argv in commands:
         program, verb = argv[0], argv[1] if len(argv) > 1 else ""
-        if program == "phalanx":
+        if program == "phalanx" and verb == "crds":
+            # Written where the page's next command applies it from (the working folder).
+            run(PHALANX, *argv[1:], cwd=tmp_path)
+            folder = tmp_path / argv[argv.index("--output") + 1]
+            crds = objects(run(kubectl(), "kustomize", folder))
+            assert len(crds) == 9 and all(o["kind"] == "CustomResourceDefinition" for o in crds)
+            if "--v1beta1" in argv:
+                served = {v["name"]: v["served"] for o in crds for v in o["spec"]["versions"]}
+                assert served == {"v1beta2": True, "v1beta1": False}, argv
+        elif program == "phalanx":
             run(PHALANX, *argv[1:], cwd=tmp_path)
             assert {"ca.crt", "tls.crt", "tls.key"} <= {
                 p.name for p in (tmp_path / "certs").iterdir()
@@ -149,7 +158,9 @@ def test_every_command_of_the_page_runs(tmp_path: Path):
             assert secret["metadata"]["name"] == "phalanx-webhook-certs"
             assert {"ca.crt", "tls.crt", "tls.key"} <= secret["data"].keys()
         elif program == "kubectl" and verb in ("apply", "delete") and "-k" in argv:
-            folder = REPO / argv[argv.index("-k") + 1]
+            named = argv[argv.index("-k") + 1]
+            written = tmp_path / named  # by a `phalanx crds` above it
+            folder = written if written.is_dir() else REPO / named
             assert objects(run(kubectl(), "kustomize", folder)), folder
         elif program == "kubectl" and verb == "kustomize":
             assert objects(run(kubectl(), *argv[1:]))
