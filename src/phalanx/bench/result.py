@@ -87,10 +87,10 @@ class E2EResult:
     """``workloads.csv``: each Workload's times, in ms from ``timeline_origin_unix_ms``."""
     timeline_origin_unix_ms: int = 0
     stopped_components: tuple[str, ...] = ()
-    v1beta1_served: bool | None = None
-    """Whether the CRDs the run installed serve v1beta1 (None: it installed none)."""
     """Control-plane components stopped before the measured run (``--bare``: all but etcd
     and kube-apiserver, as in Kueue's envtest); empty when the whole plane ran."""
+    v1beta1_served: bool | None = None
+    """Whether the CRDs the run installed serve v1beta1 (None: it installed none)."""
 
     def as_bench_result(self) -> BenchResult:
         """The bench-core view, wall time being real: what Kueue's rangespec checks."""

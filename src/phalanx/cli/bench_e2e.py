@@ -130,7 +130,8 @@ def register_e2e(bench: Any) -> None:
 
 
 def add_control_plane_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--fresh`` and ``--bare``, shared by ``bench e2e`` and ``bench compare``."""
+    """``--fresh``, ``--bare`` and ``--v1beta1``, shared by ``bench e2e`` and ``bench
+    compare``."""
     parser.add_argument(
         "--fresh",
         action="store_true",

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,13 +165,25 @@ def _stop_all(layout: Layout, state: ClusterState) -> list[str]:
     """Stop our recorded processes in reverse start order, the addons first; return those
     that would not die."""
     stubborn: list[str] = addons.stop_all(layout)
+    _, left = _stop_components(layout, state, reversed(COMPONENTS))
+    return stubborn + left
+
+
+def _stop_components(
+    layout: Layout, state: ClusterState, names: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """Stop the recorded processes of ``names``, in that order, and record what still runs;
+    return the names stopped and, as "name (pid N)", those that would not die."""
     remaining = dict(state.processes)
-    for name in reversed(COMPONENTS):
+    stopped: list[str] = []
+    stubborn: list[str] = []
+    for name in names:
         record = remaining.get(name)
         if record is None:
             continue
         if processes.stop(record):
             del remaining[name]
+            stopped.append(name)
         else:
             stubborn.append(f"{name} (pid {record.pid})")
     save_state(
@@ -184,7 +196,7 @@ def _stop_all(layout: Layout, state: ClusterState) -> list[str]:
             processes=remaining,
         ),
     )
-    return stubborn
+    return stopped, stubborn
 
 
 def down(*, state_dir: Path | None = None, purge: bool = False) -> list[str]:
@@ -228,28 +240,7 @@ def stop_to_bare(*, state_dir: Path | None = None) -> list[str]:
         state = load_state(layout)
         if state is None:
             raise DevclusterError(f"no local control plane is recorded in {layout.state_dir}")
-        remaining = dict(state.processes)
-        stopped: list[str] = []
-        stubborn: list[str] = []
-        for name in BARE_STOPPED:
-            record = remaining.get(name)
-            if record is None:
-                continue
-            if processes.stop(record):
-                del remaining[name]
-                stopped.append(name)
-            else:
-                stubborn.append(f"{name} (pid {record.pid})")
-        save_state(
-            layout,
-            ClusterState(
-                ports=state.ports,
-                bin_dir=state.bin_dir,
-                topology=state.topology,
-                expected_nodes=state.expected_nodes,
-                processes=remaining,
-            ),
-        )
+        stopped, stubborn = _stop_components(layout, state, BARE_STOPPED)
         if stubborn:
             raise DevclusterError(f"could not stop: {', '.join(stubborn)}")
     return stopped
