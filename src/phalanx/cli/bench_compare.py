@@ -150,7 +150,7 @@ def _run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         workdir=workdir / "phalanx",
         timeout_s=timeout_s,
-        fresh=args.fresh or args.bare,
+        fresh=args.fresh,
         bare=args.bare,
         serve_v1beta1=args.v1beta1 == "served",
     )

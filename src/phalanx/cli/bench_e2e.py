@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -221,7 +222,7 @@ def _run(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             timeout_s=args.timeout,
             cleanup=not args.keep,
-            fresh=args.fresh or args.bare,
+            fresh=args.fresh,
             bare=args.bare,
             serve_v1beta1=args.v1beta1 == "served",
         )
@@ -275,20 +276,17 @@ def run_local(
 ) -> E2EResult:
     """Bench e2e on the local control plane (started or reused; with ``fresh``, stopped,
     its state folder deleted, and started anew) with a fresh operator, measuring the API
-    server's and etcd's CPU by their pids. ``bare``: only etcd and kube-apiserver run from
-    the end of the set-up on (:func:`phalanx.devcluster.cluster.stop_to_bare`);
+    server's and etcd's CPU by their pids. ``bare`` implies ``fresh``, and only etcd and
+    kube-apiserver run from the end of the set-up on
+    (:func:`phalanx.devcluster.cluster.stop_to_bare`);
     ``serve_v1beta1``: the CRDs installed serve v1beta1 (:func:`phalanx.api.crds.generate_crd`)."""
     from phalanx.api.crds import generate_crds
     from phalanx.bench.e2e import E2EOptions, run_e2e
     from phalanx.devcluster import cluster as devcluster
 
-    if fresh:
+    if fresh or bare:
         devcluster.down(state_dir=state_dir, purge=True)
     status = devcluster.up(state_dir=state_dir)
-
-    def stop_to_bare() -> list[str]:
-        return devcluster.stop_to_bare(state_dir=state_dir)
-
     pids = {
         c.name: c.pid for c in status.components if c.pid and c.name in ("etcd", "kube-apiserver")
     }
@@ -304,7 +302,7 @@ def run_local(
         control_plane_pids=pids,
         cleanup=cleanup,
         operator_service_account=True,
-        before_run=stop_to_bare if bare else None,
+        before_run=partial(devcluster.stop_to_bare, state_dir=state_dir) if bare else None,
     )
     return run_e2e(scenario, options, topology=topology)
 
