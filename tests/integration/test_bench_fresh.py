@@ -92,5 +92,11 @@ def test_bare_runs_on_etcd_and_the_api_server_alone_and_v1beta1_off_serves_none(
         assert v1beta2.returncode == 0, v1beta2.stderr
         v1beta1 = cluster.kubectl("get", "workloads.v1beta1.kueue.x-k8s.io", "-A")
         assert v1beta1.returncode != 0, v1beta1.stdout
+        # What docs/install.md tells a v1beta1 client it will get: kubectl's words, and the
+        # API's 404 to a client that asks the path directly.
+        assert "the server doesn't have a resource type" in v1beta1.stderr, v1beta1.stderr
+        raw = cluster.kubectl("get", "--raw", "/apis/kueue.x-k8s.io/v1beta1/workloads")
+        assert raw.returncode != 0, raw.stdout
+        assert "the server could not find the requested resource" in raw.stderr, raw.stderr
     finally:
         devcluster.down(state_dir=state_dir, purge=True)
